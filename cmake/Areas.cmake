@@ -1,0 +1,48 @@
+# afterburner_deps carries everything an area compiles and links against.
+add_library(afterburner_deps INTERFACE)
+target_include_directories(afterburner_deps INTERFACE
+  $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>)
+target_link_libraries(afterburner_deps INTERFACE
+  ${TORCH_LIBRARIES} Threads::Threads ZLIB::ZLIB ${CMAKE_DL_LIBS}
+  nlohmann_json::nlohmann_json fmt::fmt tomlplusplus::tomlplusplus)
+target_compile_options(afterburner_deps INTERFACE -Wall -Wextra -Wno-unused-parameter)
+
+# The torch headers dominate compile time: one precompiled header, reused by every area,
+# tool and test (they share compile flags).
+add_library(afterburner_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/pch.cpp)
+target_link_libraries(afterburner_pch PUBLIC afterburner_deps)
+target_precompile_headers(afterburner_pch PUBLIC ${PROJECT_SOURCE_DIR}/cmake/pch.h)
+
+set(AFTERBURNER_AREA_OBJECTS "" CACHE INTERNAL "")
+
+# afterburner_area(<name> [DEPENDS <area>...]): object library afterburner_<name> from src/<name>.
+function(afterburner_area name)
+  cmake_parse_arguments(AREA "" "" "DEPENDS" ${ARGN})
+  file(GLOB sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/${name}/*.cpp)
+  add_library(afterburner_${name} OBJECT ${sources})
+  target_link_libraries(afterburner_${name} PUBLIC afterburner_deps)
+  target_precompile_headers(afterburner_${name} REUSE_FROM afterburner_pch)
+  # Object libraries hand their objects only to targets that link them directly, so each
+  # area records its closure for the tests that link one area on its own.
+  set(closure afterburner_${name})
+  foreach(dep IN LISTS AREA_DEPENDS)
+    target_link_libraries(afterburner_${name} PUBLIC afterburner_${dep})
+    list(APPEND closure ${AFTERBURNER_CLOSURE_${dep}})
+  endforeach()
+  list(REMOVE_DUPLICATES closure)
+  set(AFTERBURNER_CLOSURE_${name} ${closure} CACHE INTERNAL "")
+  set(AFTERBURNER_AREA_OBJECTS ${AFTERBURNER_AREA_OBJECTS} $<TARGET_OBJECTS:afterburner_${name}>
+      CACHE INTERNAL "")
+endfunction()
+
+# afterburner_test(<area>): tests/<area>/*.cpp as one GoogleTest executable, linked with
+# that area's objects and those it depends on; ctest runs each test case on its own.
+function(afterburner_test area)
+  file(GLOB sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/${area}/*.cpp)
+  add_executable(test_${area} ${sources})
+  target_link_libraries(test_${area} PRIVATE ${AFTERBURNER_CLOSURE_${area}} afterburner_testing
+                        GTest::gtest GTest::gtest_main)
+  target_precompile_headers(test_${area} REUSE_FROM afterburner_pch)
+  gtest_discover_tests(test_${area} DISCOVERY_TIMEOUT 60
+    PROPERTIES ENVIRONMENT "AFTERBURNER_SOURCE_DIR=${PROJECT_SOURCE_DIR};AFTERBURNER_BINARY=$<TARGET_FILE:afterburner_cli>")
+endfunction()

@@ -1,0 +1,53 @@
+// Errors: one exception type per area, each carrying what it concerns (a file, a field,
+// a request) so the CLI can print a single line and exit with the right code.
+//
+//   try {
+//     auto ds = afterburner::data::read_idx_pair(images, labels);
+//   } catch (const afterburner::Error& e) {
+//     std::cerr << "afterburner: " << e.what() << "\n";   // "data: <file>: bad magic 0x..."
+//     return e.exit_code();
+//   }
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace afterburner {
+
+// Base of every error afterburner raises on purpose. what() is one line.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  // 2 for a usage error (bad flag or option value), 1 for anything else.
+  virtual int exit_code() const { return 1; }
+};
+
+// A bad option or configuration value: exit code 2.
+class UsageError : public Error {
+ public:
+  UsageError(const std::string& field, const std::string& problem)
+      : Error(field + ": " + problem) {}
+  int exit_code() const override { return 2; }
+};
+
+// A dataset file that is missing, truncated or malformed.
+class DataError : public Error {
+ public:
+  DataError(const std::string& file, const std::string& problem)
+      : Error(file + ": " + problem) {}
+};
+
+// A checkpoint that cannot be written, read, or does not fit the run resuming from it.
+class CheckpointError : public Error {
+ public:
+  CheckpointError(const std::string& file, const std::string& problem)
+      : Error(file + ": " + problem) {}
+};
+
+// Training cannot go on (for example a NaN loss), naming the step.
+class TrainingError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace afterburner

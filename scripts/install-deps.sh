@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs everything afterburner needs on Debian 12, from Debian's packages only.
+# Idempotent: packages already present are left as they are. Run as root.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libtorch-dev libopenblas0-pthread libgloo-dev libdnnl-dev
+  libgtest-dev libgmock-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev libtomlplusplus-dev zlib1g-dev
+  python3-torch python3-numpy
+  dataset-fashion-mnist
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "install-deps: installed ${missing[*]}"

@@ -1,0 +1,47 @@
+// Helpers shared by the tests: temporary directories, the real dataset, running the CLI.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace afterburner::testing {
+
+// A fresh directory under the system temp dir, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Where Debian's dataset-fashion-mnist installs the IDX files.
+std::filesystem::path fashion_mnist_dir();
+
+// The source tree (for scripts and fixtures) and the built CLI, as ctest passes them.
+std::filesystem::path source_dir();
+std::filesystem::path cli_binary();
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // standard output
+  std::string err;  // standard error
+};
+
+// Runs a program with arguments (no shell), capturing both streams.
+CommandResult run(const std::vector<std::string>& argv);
+
+// Runs the afterburner CLI with arguments.
+CommandResult run_cli(const std::vector<std::string>& args);
+
+// Writes bytes to a file, creating or truncating it.
+void write_file(const std::filesystem::path& path, const std::string& bytes);
+std::string read_file(const std::filesystem::path& path);
+
+}  // namespace afterburner::testing

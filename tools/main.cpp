@@ -1,0 +1,35 @@
+// afterburner: make PyTorch models train and serve fast on the machine you have.
+#include <iostream>
+#include <vector>
+
+#include "afterburner/core/blas.h"
+#include "afterburner/core/error.h"
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  using namespace afterburner;
+  CLI::App app{"afterburner: make PyTorch models train and serve fast on this machine"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "afterburner 0.1.0");
+  std::vector<tools::Command> commands{tools::add_train_command(app),
+                                       tools::add_profile_command(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  BlasInfo blas = detect_blas();
+  if (blas.is_reference) std::cerr << "afterburner: " << blas_warning(blas) << "\n";
+  try {
+    for (auto& command : commands) {
+      if (command.app->parsed()) return command.run();
+    }
+  } catch (const Error& e) {
+    std::cerr << "afterburner: " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::cerr << "afterburner: " << e.what() << "\n";
+    return 1;
+  }
+  return 2;
+}
