@@ -1,0 +1,267 @@
+#!/usr/bin/python3
+"""The Python PyTorch peer of `afterburner train`: the same training run, written the way a
+PyTorch user would write it, so the benchmark compares the two side by side.
+
+    /usr/bin/python3 bench/pytorch_train.py --model cnn --precision bf16 --report out.json
+
+Data: Fashion-MNIST from the IDX .gz files; per sample uint8 -> /255 -> normalize(0.2860,
+0.3530), and for training also zero-pad 2 then a random 28x28 crop (torchvision's
+ToTensor + Normalize + RandomCrop(28, padding=2), written out because torchvision is absent).
+Optimizer: SGD with momentum 0.9 and weight decay; loss: cross-entropy. bf16 means
+torch.autocast("cpu", torch.bfloat16) around forward + loss (training and evaluation).
+
+Timing matches afterburner's: a step runs from asking the DataLoader for a batch through
+optimizer.step(), so it includes data wait; train_samples_per_sec is trained samples over the
+summed step time of all epochs. epoch_seconds is the wall time of each epoch's training loop
+(including starting the loader's iterator). Evaluation (batch 1000, inference_mode) is not timed.
+
+The --report JSON has test_accuracy (fraction in [0, 1], after the last epoch),
+test_accuracy_per_epoch, train_samples_per_sec, epoch_seconds (list), peak_rss_mb (this
+process), peak_rss_children_mb (the largest DataLoader worker, taken after the workers exit;
+forked workers share pages with the parent, so the two must not be added), precision, model,
+batch_size, threads, workers, plus epochs, channels_last, framework and torch_version.
+"""
+
+import argparse
+import gc
+import gzip
+import json
+import resource
+import struct
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+MEAN, STD = 0.2860, 0.3530
+PAD = 2
+DEFAULT_DATA_DIR = Path("/usr/share/datasets/fashion-mnist")
+EVAL_BATCH_SIZE = 1000
+IDX_UBYTE_MAGIC = {1: 0x0801, 3: 0x0803}  # labels, images
+
+
+def read_idx(path, dims):
+    """An IDX ubyte file as a uint8 tensor of `dims` dimensions, decompressed straight into
+    one writable buffer (no transient second copy to inflate peak RSS)."""
+    try:
+        with gzip.open(path, "rb") as f:
+            header = f.read(4 + 4 * dims)
+            if len(header) < 4 + 4 * dims:
+                sys.exit(f"{path}: {len(header)} bytes, shorter than the IDX header")
+            magic, *shape = struct.unpack(f">{1 + dims}I", header)
+            if magic != IDX_UBYTE_MAGIC[dims]:
+                sys.exit(f"{path}: bad IDX magic {magic:#x}, expected {IDX_UBYTE_MAGIC[dims]:#x}")
+            data = bytearray(torch.Size(shape).numel())
+            if f.readinto(data) != len(data) or f.read(1):
+                sys.exit(f"{path}: data size does not match the header's shape {shape}")
+    except OSError as e:
+        sys.exit(f"{path}: cannot read ({e.strerror or e})")
+    return torch.frombuffer(data, dtype=torch.uint8).view(*shape)
+
+
+def load_split(data_dir, prefix):
+    images = read_idx(data_dir / f"{prefix}-images-idx3-ubyte.gz", 3)
+    labels = read_idx(data_dir / f"{prefix}-labels-idx1-ubyte.gz", 1).long()
+    if len(images) != len(labels):
+        sys.exit(f"{data_dir}/{prefix}: {len(images)} images but {len(labels)} labels")
+    return images, labels
+
+
+class FashionMnist(Dataset):
+    """uint8 images transformed per sample; `augment` adds the padded random crop."""
+
+    def __init__(self, images, labels, augment):
+        self.images, self.labels, self.augment = images, labels, augment
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        image = self.images[index].unsqueeze(0).float().div_(255).sub_(MEAN).div_(STD)
+        if self.augment:
+            image = random_crop(F.pad(image, (PAD, PAD, PAD, PAD)), self.images.shape[-2:])
+        return image, self.labels[index]
+
+
+def random_crop(image, size):
+    height, width = size
+    top = torch.randint(0, image.shape[-2] - height + 1, ()).item()
+    left = torch.randint(0, image.shape[-1] - width + 1, ()).item()
+    return image[..., top:top + height, left:left + width]
+
+
+MODEL_NAMES = ("cnn", "mlp")
+
+
+def build_model(name):
+    """The models of afterburner's zoo, layer for layer, so state_dict keys match its
+    torch::nn::Sequential ("0.weight", ...). Default PyTorch initialisation."""
+    if name == "cnn":
+        return nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+    if name == "mlp":
+        return nn.Sequential(
+            nn.Flatten(), nn.Linear(28 * 28, 1024), nn.ReLU(),
+            nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    raise ValueError(f"model: unknown model '{name}' (known: {', '.join(MODEL_NAMES)})")
+
+
+class Trainer:
+    """One model with its optimizer and precision: trains epochs and measures accuracy."""
+
+    def __init__(self, model, args):
+        self.memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+        self.model = model.to(memory_format=self.memory_format)
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9,
+                                         weight_decay=args.weight_decay)
+        self.bf16 = args.precision == "bf16"
+        self.max_steps = args.max_steps
+
+    def autocast(self):
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16)
+
+    def logits(self, images):
+        return self.model(images.contiguous(memory_format=self.memory_format))
+
+    def train_epoch(self, loader):
+        """Returns (samples, summed step seconds, epoch wall seconds)."""
+        self.model.train()
+        epoch_start = time.perf_counter()
+        batches = iter(loader)
+        steps = len(loader) if self.max_steps is None else min(len(loader), self.max_steps)
+        samples, step_seconds = 0, 0.0
+        for _ in range(steps):
+            step_start = time.perf_counter()
+            images, labels = next(batches)
+            with self.autocast():
+                loss = F.cross_entropy(self.logits(images), labels)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            step_seconds += time.perf_counter() - step_start
+            samples += len(labels)
+        return samples, step_seconds, time.perf_counter() - epoch_start
+
+    def accuracy(self, loader):
+        self.model.eval()
+        correct = 0
+        with torch.inference_mode(), self.autocast():
+            for images, labels in loader:
+                correct += (self.logits(images).argmax(1) == labels).sum().item()
+        return correct / len(loader.dataset)
+
+
+def make_loaders(args):
+    train_set = FashionMnist(*load_split(args.data, "train"), augment=True)
+    test_set = FashionMnist(*load_split(args.data, "t10k"), augment=False)
+    workers = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
+    train = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                       **workers)
+    if len(train) == 0:
+        sys.exit(f"batch-size: {args.batch_size} is more than the {len(train_set)} training samples")
+    test = DataLoader(test_set, batch_size=EVAL_BATCH_SIZE, **workers)
+    return train, test
+
+
+def peak_rss_mb(who):
+    return resource.getrusage(who).ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+
+
+def run(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    train_loader, test_loader = make_loaders(args)
+    trainer = Trainer(build_model(args.model), args)
+    samples, step_seconds, epoch_seconds, accuracies = 0, 0.0, [], []
+    for epoch in range(args.epochs):
+        epoch_samples, epoch_step_seconds, wall = trainer.train_epoch(train_loader)
+        samples += epoch_samples
+        step_seconds += epoch_step_seconds
+        epoch_seconds.append(wall)
+        accuracies.append(trainer.accuracy(test_loader))
+        print(f"epoch {epoch + 1}: {epoch_samples / epoch_step_seconds:.0f} samples/s, "
+              f"{wall:.1f} s, test accuracy {accuracies[-1]:.4f}", file=sys.stderr)
+    # Persistent workers only count towards RUSAGE_CHILDREN once they have exited.
+    del train_loader, test_loader
+    gc.collect()
+    return {
+        "test_accuracy": accuracies[-1],
+        "test_accuracy_per_epoch": accuracies,
+        "train_samples_per_sec": samples / step_seconds,
+        "epoch_seconds": epoch_seconds,
+        "peak_rss_mb": peak_rss_mb(resource.RUSAGE_SELF),
+        "peak_rss_children_mb": peak_rss_mb(resource.RUSAGE_CHILDREN),
+        "precision": args.precision,
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "threads": args.threads,
+        "workers": args.workers,
+        "epochs": args.epochs,
+        "channels_last": args.channels_last,
+        "framework": "pytorch",
+        "torch_version": torch.__version__,
+    }
+
+
+def summary(r):
+    return (f"pytorch {r['model']} {r['precision']}: {r['train_samples_per_sec']:.0f} samples/s, "
+            f"test accuracy {100 * r['test_accuracy']:.2f}% after {r['epochs']} epoch(s), "
+            f"epoch {' '.join(f'{s:.1f}' for s in r['epoch_seconds'])} s, "
+            f"peak RSS {r['peak_rss_mb']:.0f} MB (largest worker {r['peak_rss_children_mb']:.0f} MB), "
+            f"batch {r['batch_size']}, threads {r['threads']}, workers {r['workers']}")
+
+
+def positive_int(text):
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text}")
+    return value
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", choices=MODEL_NAMES, default="cnn", help="model to train")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16 autocasts forward + loss")
+    p.add_argument("--epochs", type=positive_int, default=1, help="passes over the training set")
+    p.add_argument("--batch-size", type=positive_int, default=128, help="training batch size")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    p.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay")
+    p.add_argument("--threads", type=positive_int, default=2, help="torch.set_num_threads")
+    p.add_argument("--workers", type=non_negative_int, default=2, help="DataLoader workers")
+    p.add_argument("--seed", type=int, default=0, help="torch.manual_seed")
+    p.add_argument("--channels-last", action="store_true",
+                   help="model and input in torch.channels_last")
+    p.add_argument("--max-steps", type=positive_int, metavar="N",
+                   help="cut each epoch after N steps (accuracy is still measured)")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR,
+                   help="directory holding the Fashion-MNIST IDX .gz files")
+    p.add_argument("--report", type=Path, metavar="FILE",
+                   help="write the results as JSON to FILE")
+    return p.parse_args(argv)
+
+
+def main():
+    args = parse_args()
+    result = run(args)
+    print(summary(result))
+    if args.report:
+        args.report.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+// Datasets are random access by a *batch* of indices, so collating a batch is one
+// vectorized gather instead of N single-sample reads and a stack. Views compose.
+//
+//   auto all = std::make_shared<TensorDataset>(images, labels);      // [N, ...], [N]
+//   auto head = std::make_shared<SubsetDataset>(all, torch::arange(1000));
+//   Batch batch = head->get_batch(torch::tensor({3, 1, 4}, torch::kLong));
+//   // batch.input: [3, ...] contiguous, batch.target: [3] int64
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace afterburner::data {
+
+struct Batch {
+  torch::Tensor input;   // [n, ...]
+  torch::Tensor target;  // [n] int64
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  // indices: 1-D int64, each in [0, size()). Returns contiguous tensors in index order.
+  virtual Batch get_batch(const torch::Tensor& indices) const = 0;
+};
+using DatasetPtr = std::shared_ptr<const Dataset>;
+
+// Samples held in memory; get_batch is one index_select per tensor.
+class TensorDataset : public Dataset {
+ public:
+  // inputs [N, ...]; targets [N] of any integer type (stored as int64).
+  TensorDataset(torch::Tensor inputs, torch::Tensor targets);
+  int64_t size() const override;
+  Batch get_batch(const torch::Tensor& indices) const override;
+  const torch::Tensor& inputs() const { return inputs_; }
+  const torch::Tensor& targets() const { return targets_; }
+
+ private:
+  torch::Tensor inputs_;
+  torch::Tensor targets_;
+};
+
+// The samples of `base` at `indices` (a train/validation split, a shard, a debug slice),
+// without copying them.
+class SubsetDataset : public Dataset {
+ public:
+  SubsetDataset(DatasetPtr base, torch::Tensor indices);
+  int64_t size() const override;
+  Batch get_batch(const torch::Tensor& indices) const override;
+
+ private:
+  DatasetPtr base_;
+  torch::Tensor indices_;
+};
+
+// Throws UsageError("indices", ...) unless `indices` is 1-D int64 with every value in [0, size).
+void check_indices(const torch::Tensor& indices, int64_t size);
+
+}  // namespace afterburner::data

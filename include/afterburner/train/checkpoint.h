@@ -1,0 +1,45 @@
+// Checkpoints: everything needed to resume a run exactly (model, optimizer, loss scaler, RNG,
+// epoch, step and position in the epoch), written atomically: a crash or a full disk during
+// the write leaves the previous checkpoint intact.
+//
+//   TrainState state{.epoch = 2, .step = 940, .batch_in_epoch = 470};
+//   save_checkpoint("runs/ckpt.pt", {"cnn", model, *optimizer, scaler, state});
+//   ...
+//   TrainState resumed = load_checkpoint("runs/ckpt.pt", {"cnn", model, *optimizer, scaler, {}});
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <string>
+
+#include "afterburner/train/precision.h"
+
+namespace afterburner::train {
+
+struct TrainState {
+  int64_t epoch = 0;           // the epoch in progress
+  int64_t step = 0;            // optimizer steps taken since the start of the run
+  int64_t batch_in_epoch = 0;  // batches of `epoch` already consumed
+  double train_seconds = 0;    // training time so far (for time-to-accuracy across resumes)
+};
+
+// What a checkpoint holds besides the state; `model_name` guards against resuming another model.
+struct CheckpointTarget {
+  std::string model_name;
+  torch::nn::Module& model;
+  torch::optim::Optimizer& optimizer;
+  GradScaler& scaler;
+  TrainState state;
+};
+
+// Writes to `path` through a temporary file in the same directory, fsync and rename.
+// Throws CheckpointError naming the path when anything fails; `path` is then untouched.
+void save_checkpoint(const std::string& path, const CheckpointTarget& target);
+
+// Restores model, optimizer, scaler and the CPU RNG in place and returns the saved state.
+// Throws CheckpointError for a missing, corrupt or foreign file, or another model's checkpoint.
+TrainState load_checkpoint(const std::string& path, CheckpointTarget target);
+
+}  // namespace afterburner::train

@@ -1,0 +1,77 @@
+// TrainConfig: every option of a training run, in one struct that travels from the command
+// line or a TOML file down to the Trainer. Each field is described once, in config_fields(),
+// which both the TOML reader and the CLI use: names, help, parsing and validation agree.
+//
+//   TrainConfig config;                                   // the documented defaults
+//   apply_toml_file(config, "run.toml");                  // batch_size = 256, lr = 0.1, ...
+//   set_field(config, "precision", "fp32");               // e.g. from a flag
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace afterburner::train {
+
+struct TrainConfig {
+  std::string model = "cnn";
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  int64_t epochs = 5;
+  int64_t batch_size = 128;
+  int64_t eval_batch_size = 1000;
+  double lr = 0.05;
+  std::string optimizer = "sgd";
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 5e-4;
+  std::string schedule = "cosine";
+  int64_t warmup_steps = 100;
+  std::string precision = "auto";  // auto = bf16 where the CPU computes it natively, else fp32
+  int64_t workers = 1;             // -1 = auto (measure and pick)
+  int64_t prefetch = 4;
+  int64_t accumulate = 1;
+  double clip_grad_norm = 0;       // 0 = off
+  double clip_grad_value = 0;      // 0 = off
+  bool augment = true;             // random crop with 2 pixels of padding
+  bool channels_last = true;
+  std::vector<int64_t> checkpoint_layers;  // activation checkpointing of these layer indices
+  std::string checkpoint_dir;      // empty = no checkpoints
+  int64_t checkpoint_every = 0;    // steps; 0 = at epoch ends only
+  bool resume = false;
+  uint64_t seed = 0;
+  int64_t threads = 0;             // 0 = LibTorch's default (all cores)
+  std::string report;              // JSON report path
+  std::string log_jsonl;           // per-step JSON lines path
+  std::string export_path;         // TorchScript of the trained model
+  double target_accuracy = 0;      // 0 = off; else stop once test accuracy >= this
+  int64_t eval_every = 0;          // steps; 0 = at epoch ends only
+  int64_t max_steps = 0;           // 0 = no limit
+  int64_t early_stopping = 0;      // patience in evaluations; 0 = off
+  bool skip_nonfinite = false;     // skip steps whose loss is inf/NaN instead of stopping
+  std::string progress = "auto";   // auto | bar | log | none
+  int64_t profile_steps = 0;       // > 0: profile this many steps and print the op table
+  std::string trace;               // Chrome trace path for the profiled steps
+};
+
+struct ConfigField {
+  std::string name;   // snake_case; the flag is --name with dashes
+  std::string help;
+  bool is_flag;       // a boolean: `--name` alone sets it
+  std::function<void(TrainConfig&, const std::string&)> set;  // parses and validates
+  std::function<std::string(const TrainConfig&)> get;
+};
+
+const std::vector<ConfigField>& config_fields();
+
+// Sets one field from text. Throws UsageError naming the field for an unknown name or a bad value.
+void set_field(TrainConfig& config, const std::string& name, const std::string& value);
+
+// Reads a TOML file of `name = value` pairs (names as in config_fields()) over `config`.
+// Throws UsageError naming the file and key for a syntax error, an unknown key or a bad value.
+void apply_toml_file(TrainConfig& config, const std::string& path);
+
+// Cross-field checks once everything is set (e.g. eval_every needs target_accuracy or a log).
+void validate(const TrainConfig& config);
+
+}  // namespace afterburner::train

@@ -1,0 +1,47 @@
+// What a training run reports: accuracy, speed, the time breakdown and memory.
+//
+//   TrainReport report = trainer.fit();
+//   std::cout << report.summary();                       // the human-readable final report
+//   std::ofstream("report.json") << report.to_json().dump(2);
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "afterburner/profile/step_timer.h"
+
+namespace afterburner::train {
+
+struct EvalResult {
+  double accuracy = 0;
+  double loss = 0;
+  int64_t samples = 0;
+};
+
+struct TrainReport {
+  std::string model;
+  std::string precision;
+  int64_t batch_size = 0;
+  int64_t threads = 0;
+  int64_t workers = 0;
+  int64_t steps = 0;                   // optimizer steps taken (all sessions of a resumed run)
+  int64_t skipped_steps = 0;           // steps dropped for an inf/NaN loss or gradient
+  double test_accuracy = 0;            // of the last evaluation
+  std::vector<double> test_accuracy_per_epoch;
+  double train_samples_per_sec = 0;    // training steps only, data wait included, evaluation excluded
+  std::vector<double> epoch_seconds;   // training time of each epoch run in this session
+  double train_seconds = 0;            // training time of the whole run, across resumes
+  std::optional<double> train_seconds_to_target;
+  double peak_rss_mb = 0;
+  double peak_tensor_mb = 0;
+  std::string stop_reason;             // "completed", "target accuracy reached", "max steps", ...
+  profile::StepStats timing;
+
+  nlohmann::json to_json() const;
+  std::string summary() const;   // multi-line text: accuracy, speed, time breakdown, memory
+};
+
+}  // namespace afterburner::train

@@ -1,0 +1,23 @@
+// A whole training run from a TrainConfig: data, loaders, model, optimizer, schedule,
+// callbacks, resume, export and the JSON report. This is what `afterburner train` calls.
+//
+//   afterburner::train::TrainConfig config;
+//   config.model = "cnn";
+//   config.epochs = 1;
+//   auto report = afterburner::train::run_training(config);
+//   std::cout << report.summary();
+#pragma once
+
+#include <string>
+
+#include "afterburner/train/config.h"
+#include "afterburner/train/report.h"
+
+namespace afterburner::train {
+
+TrainReport run_training(const TrainConfig& config);
+
+// The checkpoint file inside a --checkpoint-dir.
+std::string checkpoint_file(const std::string& checkpoint_dir);
+
+}  // namespace afterburner::train

@@ -1,0 +1,90 @@
+// The training loop: mixed precision, gradient accumulation and clipping, checkpoints and
+// exact resume, evaluation, time to a target accuracy, and callbacks.
+//
+//   Trainer trainer(model, std::move(optimizer), schedule, train_loader, test_loader,
+//                   TrainerOptions().epochs(5).precision(Precision::bf16).model_name("cnn"));
+//   trainer.add_callback(std::make_shared<ProgressBar>(ProgressMode::automatic));
+//   TrainReport report = trainer.fit();
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "afterburner/data/loader.h"
+#include "afterburner/profile/step_timer.h"
+#include "afterburner/train/callbacks.h"
+#include "afterburner/train/checkpoint.h"
+#include "afterburner/train/optim.h"
+#include "afterburner/train/precision.h"
+#include "afterburner/train/report.h"
+
+namespace afterburner::train {
+
+struct TrainerOptions {
+  TORCH_ARG(std::string, model_name) = "model";  // guards checkpoints against another model
+  TORCH_ARG(int64_t, epochs) = 1;
+  TORCH_ARG(Precision, precision) = Precision::fp32;
+  TORCH_ARG(int64_t, accumulate) = 1;
+  TORCH_ARG(double, clip_grad_norm) = 0;
+  TORCH_ARG(double, clip_grad_value) = 0;
+  TORCH_ARG(std::string, checkpoint_path) = "";  // empty: no checkpoints
+  TORCH_ARG(int64_t, checkpoint_every) = 0;      // optimizer steps; epoch ends always checkpoint
+  TORCH_ARG(double, target_accuracy) = 0;
+  TORCH_ARG(int64_t, eval_every) = 0;
+  TORCH_ARG(int64_t, max_steps) = 0;
+  TORCH_ARG(bool, skip_nonfinite) = false;
+  TORCH_ARG(GradScalerOptions, scaler) = GradScalerOptions().enabled(false);
+};
+
+class Trainer {
+ public:
+  Trainer(torch::nn::Sequential model, std::unique_ptr<torch::optim::Optimizer> optimizer,
+          LrSchedule schedule, data::Loader& train, data::Loader& test, TrainerOptions options);
+
+  void add_callback(CallbackPtr callback);
+  // Restores everything from the checkpoint at options().checkpoint_path(); fit() continues there.
+  void resume();
+  TrainReport fit();
+  EvalResult evaluate();
+
+  const TrainState& state() const { return state_; }
+  torch::nn::Sequential& model() { return model_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  const TrainerOptions& options() const { return options_; }
+
+ private:
+  // Forward and backward of one micro-batch; returns its (unscaled) loss.
+  double forward_backward(const data::Batch& batch);
+  // Clips, steps (unless the scaler finds inf/NaN) and clears the gradients; false if skipped.
+  bool optimizer_step();
+  void discard_gradients();
+  // Evaluation, checkpoint and stop checks due after step `info`; true to stop.
+  bool after_step(const StepInfo& info, TrainReport& report);
+  // Evaluates, records the result in `report` and tells whether the target is reached.
+  void evaluate_into(bool epoch_end, TrainReport& report);
+  void save();
+  void update_stop_reason();
+  double train_seconds() const;
+  StepInfo step_info(int64_t epoch, int64_t samples, double loss) const;
+
+  torch::nn::Sequential model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  LrSchedule schedule_;
+  data::Loader& train_;
+  data::Loader& test_;
+  TrainerOptions options_;
+  GradScaler scaler_;
+  TrainState state_;
+  double resumed_seconds_ = 0;
+  profile::StepTimer timer_;
+  std::vector<CallbackPtr> callbacks_;
+  std::string stop_reason_;
+  int64_t last_eval_step_ = -1;
+};
+
+}  // namespace afterburner::train

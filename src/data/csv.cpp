@@ -1,0 +1,134 @@
+#include "afterburner/data/csv.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string_view>
+#include <vector>
+
+#include "afterburner/core/error.h"
+
+namespace afterburner::data {
+namespace {
+
+std::string_view trim(std::string_view text) {
+  const char* blanks = " \t\r";
+  size_t first = text.find_first_not_of(blanks);
+  if (first == std::string_view::npos) return {};
+  return text.substr(first, text.find_last_not_of(blanks) - first + 1);
+}
+
+std::string_view cell_text(std::string_view cell) {
+  cell = trim(cell);
+  if (cell.size() >= 2 && cell.front() == '"' && cell.back() == '"') cell = trim(cell.substr(1, cell.size() - 2));
+  return cell;
+}
+
+void split(std::string_view line, char delimiter, std::vector<std::string_view>& cells) {
+  cells.clear();
+  size_t start = 0;
+  for (size_t end; (end = line.find(delimiter, start)) != std::string_view::npos; start = end + 1) {
+    cells.push_back(cell_text(line.substr(start, end - start)));
+  }
+  cells.push_back(cell_text(line.substr(start)));
+}
+
+std::string read_text(const std::string& path) {
+  if (!std::filesystem::exists(path)) throw DataError(path, "no such file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(path, "cannot open");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Parses the whole cell as a T, or throws naming file:line:column.
+template <typename T>
+T parse_cell(std::string_view cell, const std::string& path, int64_t line, size_t column) {
+  T value{};
+  auto [end, error] = std::from_chars(cell.data(), cell.data() + cell.size(), value);
+  if (cell.empty() || error != std::errc() || end != cell.data() + cell.size()) {
+    const char* expected = std::is_integral_v<T> ? "an integer label" : "a number";
+    throw DataError(fmt::format("{}:{}:{}", path, line, column + 1),
+                    fmt::format("expected {}, got '{}'", expected, cell));
+  }
+  return value;
+}
+
+size_t label_column_index(const std::string& path, const CsvOptions& options, const std::vector<std::string_view>& names,
+                          size_t columns) {
+  if (!options.label_name().empty()) {
+    if (!options.header()) throw UsageError("label_name", "picking the label by name needs a header line");
+    for (size_t column = 0; column < names.size(); ++column) {
+      if (names[column] == options.label_name()) return column;
+    }
+    throw DataError(path, fmt::format("no column named '{}' in the header", options.label_name()));
+  }
+  int64_t index = options.label_column() < 0 ? static_cast<int64_t>(columns) + options.label_column()
+                                             : options.label_column();
+  if (index < 0 || index >= static_cast<int64_t>(columns)) {
+    throw UsageError("label_column", fmt::format("{} is out of range for the {} columns of {}",
+                                                 options.label_column(), columns, path));
+  }
+  return static_cast<size_t>(index);
+}
+
+}  // namespace
+
+DatasetPtr read_csv(const std::string& path, const CsvOptions& options) {
+  const std::string text = read_text(path);
+  std::vector<float> features;
+  std::vector<int64_t> labels;
+  std::vector<std::string_view> cells;
+  size_t columns = 0;
+  size_t label_column = 0;
+  bool header_pending = options.header();
+
+  int64_t line_number = 0;
+  for (size_t start = 0; start < text.size();) {
+    size_t end = std::min(text.find('\n', start), text.size());
+    std::string_view line(text.data() + start, end - start);
+    start = end + 1;
+    ++line_number;
+    if (trim(line).empty()) continue;
+
+    split(line, options.delimiter(), cells);
+    if (columns == 0) {
+      columns = cells.size();
+      if (columns < 2) throw DataError(path, "needs a label column and at least one feature column");
+      label_column = label_column_index(path, options, header_pending ? cells : std::vector<std::string_view>{},
+                                        columns);
+      if (header_pending) {
+        header_pending = false;
+        continue;
+      }
+    }
+    if (cells.size() != columns) {
+      throw DataError(fmt::format("{}:{}", path, line_number),
+                      fmt::format("expected {} fields, got {}", columns, cells.size()));
+    }
+    for (size_t column = 0; column < columns; ++column) {
+      if (column == label_column) {
+        auto label = parse_cell<int64_t>(cells[column], path, line_number, column);
+        if (label < 0) {
+          throw DataError(fmt::format("{}:{}:{}", path, line_number, column + 1),
+                          fmt::format("negative label {}", label));
+        }
+        labels.push_back(label);
+      } else {
+        features.push_back(parse_cell<float>(cells[column], path, line_number, column));
+      }
+    }
+  }
+  if (labels.empty()) throw DataError(path, "no data rows");
+
+  const auto rows = static_cast<int64_t>(labels.size());
+  auto inputs = torch::from_blob(features.data(), {rows, static_cast<int64_t>(columns) - 1}, torch::kFloat).clone();
+  auto targets = torch::from_blob(labels.data(), {rows}, torch::kLong).clone();
+  return std::make_shared<TensorDataset>(std::move(inputs), std::move(targets));
+}
+
+}  // namespace afterburner::data

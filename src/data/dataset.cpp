@@ -1,0 +1,59 @@
+#include "afterburner/data/dataset.h"
+
+#include <fmt/format.h>
+
+#include "afterburner/core/error.h"
+
+namespace afterburner::data {
+
+void check_indices(const torch::Tensor& indices, int64_t size) {
+  if (indices.dim() != 1 || indices.scalar_type() != torch::kLong) {
+    throw UsageError("indices", fmt::format("expected a 1-D int64 tensor, got {}-D {}", indices.dim(),
+                                            c10::toString(indices.scalar_type())));
+  }
+  auto contiguous = indices.contiguous();
+  const int64_t* values = contiguous.data_ptr<int64_t>();
+  for (int64_t i = 0; i < contiguous.numel(); ++i) {
+    if (values[i] < 0 || values[i] >= size) {
+      throw UsageError("indices", fmt::format("index {} is out of range for {} samples", values[i], size));
+    }
+  }
+}
+
+TensorDataset::TensorDataset(torch::Tensor inputs, torch::Tensor targets) {
+  if (inputs.dim() < 1) throw UsageError("inputs", "expected at least one dimension (the samples)");
+  if (targets.dim() != 1) {
+    throw UsageError("targets", fmt::format("expected a 1-D tensor, got {}-D", targets.dim()));
+  }
+  if (!c10::isIntegralType(targets.scalar_type(), /*includeBool=*/false)) {
+    throw UsageError("targets", fmt::format("expected integer class labels, got {}",
+                                            c10::toString(targets.scalar_type())));
+  }
+  if (inputs.size(0) != targets.size(0)) {
+    throw UsageError("targets", fmt::format("{} targets for {} inputs", targets.size(0), inputs.size(0)));
+  }
+  inputs_ = inputs.contiguous();
+  targets_ = targets.to(torch::kLong).contiguous();
+}
+
+int64_t TensorDataset::size() const { return inputs_.size(0); }
+
+Batch TensorDataset::get_batch(const torch::Tensor& indices) const {
+  check_indices(indices, size());
+  return {inputs_.index_select(0, indices), targets_.index_select(0, indices)};
+}
+
+SubsetDataset::SubsetDataset(DatasetPtr base, torch::Tensor indices) : base_(std::move(base)) {
+  if (!base_) throw UsageError("base", "is null");
+  check_indices(indices, base_->size());
+  indices_ = indices.contiguous();
+}
+
+int64_t SubsetDataset::size() const { return indices_.size(0); }
+
+Batch SubsetDataset::get_batch(const torch::Tensor& indices) const {
+  check_indices(indices, size());
+  return base_->get_batch(indices_.index_select(0, indices));
+}
+
+}  // namespace afterburner::data

@@ -1,0 +1,240 @@
+#include "afterburner/train/config.h"
+
+#include <fmt/format.h>
+
+#include <toml++/toml.h>
+
+#include <charconv>
+#include <sstream>
+
+#include "afterburner/core/error.h"
+
+namespace afterburner::train {
+namespace {
+
+std::string flag_name(const std::string& name) {
+  std::string flag = name;
+  for (auto& c : flag) c = c == '_' ? '-' : c;
+  return "--" + flag;
+}
+
+int64_t parse_int(const std::string& field, const std::string& text) {
+  int64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) {
+    throw UsageError(field, "expected an integer, got '" + text + "'");
+  }
+  return value;
+}
+
+double parse_double(const std::string& field, const std::string& text) {
+  std::istringstream in(text);
+  double value = 0;
+  in >> value;
+  if (!in || !in.eof()) throw UsageError(field, "expected a number, got '" + text + "'");
+  return value;
+}
+
+bool parse_bool(const std::string& field, const std::string& text) {
+  if (text == "true" || text == "1" || text == "on" || text == "yes") return true;
+  if (text == "false" || text == "0" || text == "off" || text == "no") return false;
+  throw UsageError(field, "expected true or false, got '" + text + "'");
+}
+
+std::string format_double(double v) { return fmt::format("{}", v); }
+
+template <typename T>
+using Member = T TrainConfig::*;
+
+// Field factories: one per value type, each with an optional check of the parsed value.
+ConfigField integer(std::string name, std::string help, Member<int64_t> member, int64_t min) {
+  auto field = flag_name(name);
+  return {name, help, false,
+          [=](TrainConfig& c, const std::string& text) {
+            int64_t v = parse_int(field, text);
+            if (v < min) throw UsageError(field, fmt::format("must be at least {}, got {}", min, v));
+            c.*member = v;
+          },
+          [=](const TrainConfig& c) { return std::to_string(c.*member); }};
+}
+
+ConfigField number(std::string name, std::string help, Member<double> member, double min, double max) {
+  auto field = flag_name(name);
+  return {name, help, false,
+          [=](TrainConfig& c, const std::string& text) {
+            double v = parse_double(field, text);
+            if (!(v >= min && v <= max)) {
+              throw UsageError(field, fmt::format("must be in [{}, {}], got {}", min, max, text));
+            }
+            c.*member = v;
+          },
+          [=](const TrainConfig& c) { return format_double(c.*member); }};
+}
+
+ConfigField text(std::string name, std::string help, Member<std::string> member,
+                 std::vector<std::string> choices = {}) {
+  auto field = flag_name(name);
+  return {name, help, false,
+          [=](TrainConfig& c, const std::string& value) {
+            if (!choices.empty() && std::find(choices.begin(), choices.end(), value) == choices.end()) {
+              throw UsageError(field, fmt::format("must be one of {}, got '{}'", fmt::join(choices, ", "), value));
+            }
+            c.*member = value;
+          },
+          [=](const TrainConfig& c) { return c.*member; }};
+}
+
+ConfigField flag(std::string name, std::string help, Member<bool> member) {
+  auto field = flag_name(name);
+  return {name, help, true,
+          [=](TrainConfig& c, const std::string& value) { c.*member = parse_bool(field, value); },
+          [=](const TrainConfig& c) { return std::string(c.*member ? "true" : "false"); }};
+}
+
+ConfigField workers_field() {
+  return {"workers", "loader threads, or auto to measure and pick the fastest", false,
+          [](TrainConfig& c, const std::string& value) {
+            if (value == "auto") {
+              c.workers = -1;
+              return;
+            }
+            int64_t n = parse_int("--workers", value);
+            if (n < 0) throw UsageError("--workers", "must be auto or at least 0, got " + value);
+            c.workers = n;
+          },
+          [](const TrainConfig& c) { return c.workers < 0 ? std::string("auto") : std::to_string(c.workers); }};
+}
+
+ConfigField seed_field() {
+  return {"seed", "seed for initialisation, shuffling and augmentation", false,
+          [](TrainConfig& c, const std::string& value) {
+            int64_t n = parse_int("--seed", value);
+            if (n < 0) throw UsageError("--seed", "must not be negative");
+            c.seed = static_cast<uint64_t>(n);
+          },
+          [](const TrainConfig& c) { return std::to_string(c.seed); }};
+}
+
+ConfigField layer_list_field() {
+  return {"checkpoint_layers", "comma-separated layer indices to run with activation checkpointing", false,
+          [](TrainConfig& c, const std::string& value) {
+            c.checkpoint_layers.clear();
+            std::stringstream in(value);
+            std::string item;
+            while (std::getline(in, item, ',')) {
+              if (!item.empty()) c.checkpoint_layers.push_back(parse_int("--checkpoint-layers", item));
+            }
+          },
+          [](const TrainConfig& c) { return fmt::format("{}", fmt::join(c.checkpoint_layers, ",")); }};
+}
+
+std::vector<ConfigField> make_fields() {
+  const double inf = std::numeric_limits<double>::infinity();
+  return {
+      text("model", "model from the zoo: mlp, cnn, resnet", &TrainConfig::model),
+      text("data", "directory holding the MNIST-format IDX files (raw or .gz)", &TrainConfig::data),
+      integer("epochs", "passes over the training set", &TrainConfig::epochs, 1),
+      integer("batch_size", "samples per micro-batch", &TrainConfig::batch_size, 1),
+      integer("eval_batch_size", "samples per evaluation batch", &TrainConfig::eval_batch_size, 1),
+      number("lr", "peak learning rate", &TrainConfig::lr, 1e-12, inf),
+      text("optimizer", "sgd or adamw", &TrainConfig::optimizer, {"sgd", "adamw"}),
+      number("momentum", "SGD momentum", &TrainConfig::momentum, 0, 1),
+      flag("nesterov", "Nesterov momentum for SGD", &TrainConfig::nesterov),
+      number("weight_decay", "weight decay (decoupled for adamw)", &TrainConfig::weight_decay, 0, inf),
+      text("schedule", "learning-rate schedule: constant, cosine, onecycle, step", &TrainConfig::schedule,
+           {"constant", "cosine", "onecycle", "step"}),
+      integer("warmup_steps", "linear warm-up steps of the cosine schedule", &TrainConfig::warmup_steps, 0),
+      text("precision", "auto, fp32, bf16 or fp16 (auto = bf16 where the CPU has it natively)",
+           &TrainConfig::precision, {"auto", "fp32", "bf16", "fp16"}),
+      workers_field(),
+      integer("prefetch", "batches each loader worker prepares ahead", &TrainConfig::prefetch, 1),
+      integer("accumulate", "micro-batches per optimizer step (gradient accumulation)", &TrainConfig::accumulate, 1),
+      number("clip_grad_norm", "clip the global gradient norm to this (0 = off)", &TrainConfig::clip_grad_norm, 0, inf),
+      number("clip_grad_value", "clip each gradient entry to +-this (0 = off)", &TrainConfig::clip_grad_value, 0, inf),
+      flag("augment", "random crop with 2 pixels of padding on training batches", &TrainConfig::augment),
+      flag("channels_last", "keep image batches and conv weights channels_last", &TrainConfig::channels_last),
+      layer_list_field(),
+      text("checkpoint_dir", "directory for checkpoints (empty = none)", &TrainConfig::checkpoint_dir),
+      integer("checkpoint_every", "also checkpoint every N optimizer steps (0 = epoch ends only)",
+              &TrainConfig::checkpoint_every, 0),
+      flag("resume", "continue from the checkpoint in --checkpoint-dir", &TrainConfig::resume),
+      seed_field(),
+      integer("threads", "intra-op threads (0 = all cores)", &TrainConfig::threads, 0),
+      text("report", "write the final report as JSON to this file", &TrainConfig::report),
+      text("log_jsonl", "write one JSON line per step and per evaluation to this file", &TrainConfig::log_jsonl),
+      text("export", "write the trained model as TorchScript to this file", &TrainConfig::export_path),
+      number("target_accuracy", "stop once test accuracy reaches this (0 = off)", &TrainConfig::target_accuracy, 0, 1),
+      integer("eval_every", "also evaluate every N optimizer steps (0 = epoch ends only)", &TrainConfig::eval_every, 0),
+      integer("max_steps", "stop after N optimizer steps (0 = no limit)", &TrainConfig::max_steps, 0),
+      integer("early_stopping", "stop after N evaluations without a better accuracy (0 = off)",
+              &TrainConfig::early_stopping, 0),
+      flag("skip_nonfinite", "skip steps whose loss is inf/NaN instead of stopping", &TrainConfig::skip_nonfinite),
+      text("progress", "auto, bar, log or none", &TrainConfig::progress, {"auto", "bar", "log", "none"}),
+      integer("profile", "profile this many steps and print the op table (0 = off)",
+              &TrainConfig::profile_steps, 0),
+      text("trace", "Chrome trace JSON of the profiled steps", &TrainConfig::trace),
+  };
+}
+
+std::string toml_value_text(const toml::node& node, const std::string& where) {
+  if (auto s = node.as_string()) return s->get();
+  if (auto i = node.as_integer()) return std::to_string(i->get());
+  if (auto f = node.as_floating_point()) return format_double(f->get());
+  if (auto b = node.as_boolean()) return b->get() ? "true" : "false";
+  if (auto a = node.as_array()) {
+    std::vector<std::string> items;
+    for (const auto& item : *a) items.push_back(toml_value_text(item, where));
+    return fmt::format("{}", fmt::join(items, ","));
+  }
+  throw UsageError(where, "unsupported TOML value type");
+}
+
+}  // namespace
+
+const std::vector<ConfigField>& config_fields() {
+  static const std::vector<ConfigField> fields = make_fields();
+  return fields;
+}
+
+void set_field(TrainConfig& config, const std::string& name, const std::string& value) {
+  for (const auto& field : config_fields()) {
+    if (field.name == name) {
+      field.set(config, value);
+      return;
+    }
+  }
+  throw UsageError(name, "unknown option");
+}
+
+void apply_toml_file(TrainConfig& config, const std::string& path) {
+  toml::table table;
+  try {
+    table = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    throw UsageError(fmt::format("{}:{}:{}", path, where.line, where.column), std::string(e.description()));
+  }
+  for (const auto& [key, node] : table) {
+    std::string name(key.str());
+    std::string where = path + ": " + name;
+    bool known = false;
+    for (const auto& field : config_fields()) known |= field.name == name;
+    if (!known) throw UsageError(where, "unknown key");
+    try {
+      set_field(config, name, toml_value_text(node, where));
+    } catch (const UsageError& e) {
+      throw UsageError(path, e.what());
+    }
+  }
+}
+
+void validate(const TrainConfig& config) {
+  if (config.resume && config.checkpoint_dir.empty()) {
+    throw UsageError("--resume", "needs --checkpoint-dir to resume from");
+  }
+  if (config.trace.size() && config.profile_steps == 0) {
+    throw UsageError("--trace", "needs --profile N");
+  }
+}
+
+}  // namespace afterburner::train

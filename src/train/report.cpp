@@ -1,0 +1,53 @@
+#include "afterburner/train/report.h"
+
+#include <fmt/format.h>
+
+namespace afterburner::train {
+
+nlohmann::json TrainReport::to_json() const {
+  nlohmann::json j{{"model", model},
+                   {"precision", precision},
+                   {"batch_size", batch_size},
+                   {"threads", threads},
+                   {"workers", workers},
+                   {"steps", steps},
+                   {"skipped_steps", skipped_steps},
+                   {"test_accuracy", test_accuracy},
+                   {"test_accuracy_per_epoch", test_accuracy_per_epoch},
+                   {"train_samples_per_sec", train_samples_per_sec},
+                   {"epoch_seconds", epoch_seconds},
+                   {"train_seconds", train_seconds},
+                   {"train_seconds_to_target", nullptr},
+                   {"peak_rss_mb", peak_rss_mb},
+                   {"peak_tensor_mb", peak_tensor_mb},
+                   {"stop_reason", stop_reason},
+                   {"timing", timing}};
+  if (train_seconds_to_target) j["train_seconds_to_target"] = *train_seconds_to_target;
+  return j;
+}
+
+std::string TrainReport::summary() const {
+  std::string text = fmt::format("model {} | precision {} | batch {} | threads {} | workers {}\n", model,
+                                 precision, batch_size, threads, workers);
+  text += fmt::format("test accuracy      {:.4f}", test_accuracy);
+  if (!test_accuracy_per_epoch.empty()) {
+    text += fmt::format(" (per epoch: {:.4f})", fmt::join(test_accuracy_per_epoch, ", "));
+  }
+  text += fmt::format("\ntraining speed     {:.0f} samples/s over {} steps ({:.1f} s of training)\n",
+                      train_samples_per_sec, steps, train_seconds);
+  if (train_seconds_to_target) text += fmt::format("time to target     {:.1f} s\n", *train_seconds_to_target);
+  text += fmt::format("stopped            {}\n", stop_reason);
+  if (skipped_steps > 0) text += fmt::format("skipped steps      {}\n", skipped_steps);
+  text += "time per step      phase       total s   mean ms  median ms   share\n";
+  for (size_t i = 0; i < profile::kPhaseCount; ++i) {
+    const auto& phase = timing.phases[i];
+    double share = timing.total_s > 0 ? 100 * phase.total_s / timing.total_s : 0;
+    text += fmt::format("                   {:<10} {:8.2f} {:9.2f} {:10.2f} {:6.1f}%\n",
+                        profile::phase_name(static_cast<profile::Phase>(i)), phase.total_s, phase.mean_ms,
+                        phase.median_ms, share);
+  }
+  text += fmt::format("peak memory        {:.0f} MiB resident, {:.0f} MiB in tensors\n", peak_rss_mb, peak_tensor_mb);
+  return text;
+}
+
+}  // namespace afterburner::train

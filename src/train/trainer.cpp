@@ -1,0 +1,230 @@
+#include "afterburner/train/trainer.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "afterburner/core/error.h"
+#include "afterburner/profile/memory.h"
+
+namespace afterburner::train {
+
+using profile::Phase;
+
+Trainer::Trainer(torch::nn::Sequential model, std::unique_ptr<torch::optim::Optimizer> optimizer,
+                 LrSchedule schedule, data::Loader& train, data::Loader& test, TrainerOptions options)
+    : model_(std::move(model)),
+      optimizer_(std::move(optimizer)),
+      schedule_(std::move(schedule)),
+      train_(train),
+      test_(test),
+      options_(std::move(options)),
+      scaler_(options_.scaler()) {
+  if (options_.accumulate() < 1) throw UsageError("accumulate", "must be at least 1");
+  if (options_.precision() == Precision::fp16 && !options_.scaler().enabled()) {
+    // fp16 gradients underflow without loss scaling.
+    scaler_ = GradScaler(options_.scaler().enabled(true));
+  }
+}
+
+void Trainer::add_callback(CallbackPtr callback) { callbacks_.push_back(std::move(callback)); }
+
+void Trainer::resume() {
+  state_ = load_checkpoint(options_.checkpoint_path(),
+                           {options_.model_name(), *model_, *optimizer_, scaler_, {}});
+  resumed_seconds_ = state_.train_seconds;
+}
+
+double Trainer::train_seconds() const { return resumed_seconds_ + timer_.stats().total_s; }
+
+void Trainer::save() {
+  if (options_.checkpoint_path().empty()) return;
+  TrainState state = state_;
+  state.train_seconds = train_seconds();
+  save_checkpoint(options_.checkpoint_path(), {options_.model_name(), *model_, *optimizer_, scaler_, state});
+}
+
+double Trainer::forward_backward(const data::Batch& batch) {
+  timer_.start(Phase::forward);
+  torch::Tensor loss;
+  {
+    AutocastGuard autocast(options_.precision());
+    auto logits = model_->forward(batch.input);
+    loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), batch.target);
+  }
+  double value = loss.item<double>();
+  if (!std::isfinite(value)) return value;
+  timer_.start(Phase::backward);
+  scaler_.scale(loss / double(options_.accumulate())).backward();
+  return value;
+}
+
+void Trainer::discard_gradients() { model_->zero_grad(/*set_to_none=*/true); }
+
+bool Trainer::optimizer_step() {
+  timer_.start(Phase::optimizer);
+  schedule_.apply(*optimizer_, state_.step);
+  if (options_.clip_grad_norm() > 0 || options_.clip_grad_value() > 0) {
+    scaler_.unscale(*optimizer_);  // clip the true gradients, not the scaled ones
+    if (options_.clip_grad_value() > 0) {
+      torch::nn::utils::clip_grad_value_(model_->parameters(), options_.clip_grad_value());
+    }
+    if (options_.clip_grad_norm() > 0) {
+      torch::nn::utils::clip_grad_norm_(model_->parameters(), options_.clip_grad_norm());
+    }
+  }
+  bool stepped = scaler_.step(*optimizer_);
+  scaler_.update();
+  discard_gradients();
+  return stepped;
+}
+
+StepInfo Trainer::step_info(int64_t epoch, int64_t samples, double loss) const {
+  StepInfo info;
+  info.epoch = epoch;
+  info.epochs = options_.epochs();
+  info.step = state_.step;
+  info.batch_in_epoch = state_.batch_in_epoch;
+  info.batches_per_epoch = train_.batches_per_epoch();
+  info.samples = samples;
+  info.loss = loss;
+  info.lr = schedule_.lr_at(state_.step - 1);
+  info.rss_mb = profile::current_rss_mb();
+  info.tensor_mb = double(profile::TensorMemory::current_bytes()) / (1 << 20);
+  return info;
+}
+
+EvalResult Trainer::evaluate() {
+  torch::InferenceMode inference;
+  model_->eval();
+  EvalResult result;
+  int64_t correct = 0;
+  double loss_sum = 0;
+  for (auto& batch : test_.epoch(0)) {
+    AutocastGuard autocast(options_.precision());
+    auto logits = model_->forward(batch.input).to(torch::kFloat);
+    loss_sum += torch::nn::functional::cross_entropy(
+                    logits, batch.target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .item<double>();
+    correct += logits.argmax(1).eq(batch.target).sum().item<int64_t>();
+    result.samples += batch.target.size(0);
+  }
+  model_->train();
+  if (result.samples > 0) {
+    result.accuracy = double(correct) / double(result.samples);
+    result.loss = loss_sum / double(result.samples);
+  }
+  return result;
+}
+
+void Trainer::evaluate_into(bool epoch_end, TrainReport& report) {
+  timer_.stop();
+  EvalInfo info;
+  info.epoch = state_.epoch;
+  info.step = state_.step;
+  info.epoch_end = epoch_end;
+  info.train_seconds = train_seconds();
+  info.result = evaluate();
+  last_eval_step_ = state_.step;
+  report.test_accuracy = info.result.accuracy;
+  if (epoch_end) report.test_accuracy_per_epoch.push_back(info.result.accuracy);
+  for (auto& callback : callbacks_) callback->on_evaluation(info);
+  if (options_.target_accuracy() > 0 && info.result.accuracy >= options_.target_accuracy() &&
+      !report.train_seconds_to_target) {
+    report.train_seconds_to_target = info.train_seconds;
+    stop_reason_ = "target accuracy reached";
+  }
+}
+
+void Trainer::update_stop_reason() {
+  if (!stop_reason_.empty()) return;
+  if (options_.max_steps() > 0 && state_.step >= options_.max_steps()) stop_reason_ = "max steps";
+  for (auto& callback : callbacks_) {
+    if (stop_reason_.empty()) stop_reason_ = callback->stop_reason();
+  }
+}
+
+bool Trainer::after_step(const StepInfo& info, TrainReport& report) {
+  for (auto& callback : callbacks_) callback->on_step_end(info);
+  if (options_.checkpoint_every() > 0 && state_.step % options_.checkpoint_every() == 0) save();
+  if (options_.eval_every() > 0 && state_.step % options_.eval_every() == 0) {
+    evaluate_into(/*epoch_end=*/false, report);
+  }
+  update_stop_reason();
+  return !stop_reason_.empty();
+}
+
+TrainReport Trainer::fit() {
+  TrainReport report;
+  report.precision = to_string(options_.precision());
+  model_->train();
+  discard_gradients();
+  const int64_t per_epoch = train_.batches_per_epoch();
+  while (state_.epoch < options_.epochs() && stop_reason_.empty()) {
+    const double epoch_start = timer_.stats().total_s;
+    int64_t micro = 0, samples = 0;
+    double loss_sum = 0;
+    timer_.start(Phase::data);
+    auto step_begin = std::chrono::steady_clock::now();
+    for (auto& batch : train_.epoch(state_.epoch, state_.batch_in_epoch)) {
+      double loss = forward_backward(batch);
+      ++state_.batch_in_epoch;
+      if (!std::isfinite(loss)) {
+        if (!options_.skip_nonfinite()) {
+          throw TrainingError(fmt::format("step {} (epoch {}, batch {}): the loss is {}; lower --lr, "
+                                          "or pass --skip-nonfinite to skip such steps",
+                                          state_.step + 1, state_.epoch + 1, state_.batch_in_epoch, loss));
+        }
+        discard_gradients();
+        micro = samples = 0;
+        loss_sum = 0;
+        ++report.skipped_steps;
+        timer_.start(Phase::data);
+        continue;
+      }
+      ++micro;
+      samples += batch.target.size(0);
+      loss_sum += loss;
+      if (micro < options_.accumulate() && state_.batch_in_epoch < per_epoch) {
+        timer_.start(Phase::data);
+        continue;
+      }
+      if (!optimizer_step()) ++report.skipped_steps;
+      ++state_.step;
+      timer_.end_step(samples);
+      StepInfo info = step_info(state_.epoch, samples, loss_sum / double(micro));
+      auto now = std::chrono::steady_clock::now();
+      info.step_seconds = std::chrono::duration<double>(now - step_begin).count();
+      step_begin = now;
+      micro = samples = 0;
+      loss_sum = 0;
+      if (after_step(info, report)) break;
+      timer_.start(Phase::data);
+      step_begin = std::chrono::steady_clock::now();
+    }
+    timer_.stop();
+    report.epoch_seconds.push_back(timer_.stats().total_s - epoch_start);
+    if (state_.batch_in_epoch >= per_epoch) {
+      ++state_.epoch;
+      state_.batch_in_epoch = 0;
+      evaluate_into(/*epoch_end=*/true, report);
+      save();
+      update_stop_reason();
+    } else {
+      save();
+    }
+  }
+  if (last_eval_step_ != state_.step) evaluate_into(/*epoch_end=*/false, report);  // stopped mid-epoch
+  auto stats = timer_.stats();
+  report.timing = stats;
+  report.steps = state_.step;
+  report.train_samples_per_sec = stats.samples_per_sec;
+  report.train_seconds = train_seconds();
+  report.peak_rss_mb = profile::peak_rss_mb();
+  report.peak_tensor_mb = double(profile::TensorMemory::peak_bytes()) / (1 << 20);
+  report.stop_reason = stop_reason_.empty() ? "completed" : stop_reason_;
+  for (auto& callback : callbacks_) callback->on_train_end(report);
+  return report;
+}
+
+}  // namespace afterburner::train

@@ -1,0 +1,123 @@
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "afterburner/core/error.h"
+#include "afterburner/data/csv.h"
+#include "data_test_util.h"
+#include "testing.h"
+
+namespace afterburner::data {
+namespace {
+
+using testing::TempDir;
+
+Batch everything(const DatasetPtr& dataset) { return dataset->get_batch(torch::arange(dataset->size())); }
+
+class ReadCsv : public ::testing::Test {
+ protected:
+  std::string write(const std::string& text) {
+    testing::write_file(dir_ / "data.csv", text);
+    return (dir_ / "data.csv").string();
+  }
+  std::string data_error(const std::string& text, const CsvOptions& options = CsvOptions()) {
+    auto path = write(text);
+    return error_message<DataError>([&] { read_csv(path, options); });
+  }
+  TempDir dir_;
+};
+
+TEST_F(ReadCsv, HeaderWithLabelByName) {
+  auto path = write("a,label,b\n1.5,2,-3\n4,0,5e-1\n");
+  Batch all = everything(read_csv(path, CsvOptions().label_name("label")));
+  EXPECT_TRUE(torch::equal(all.input, torch::tensor({1.5f, -3.0f, 4.0f, 0.5f}).view({2, 2})));
+  EXPECT_TRUE(torch::equal(all.target, torch::tensor({2, 0}, torch::kLong)));
+}
+
+TEST_F(ReadCsv, DefaultsToTheLastColumnAsLabel) {
+  auto path = write("x,y,class\n0.25,1,3\n2,-8,1\n");
+  Batch all = everything(read_csv(path));
+  EXPECT_TRUE(torch::equal(all.input, torch::tensor({0.25f, 1.0f, 2.0f, -8.0f}).view({2, 2})));
+  EXPECT_TRUE(torch::equal(all.target, torch::tensor({3, 1}, torch::kLong)));
+}
+
+TEST_F(ReadCsv, NoHeaderOtherDelimiterLabelFirst) {
+  auto path = write("7;0.5;1\n\n2;-1;0.125\n");
+  Batch all = everything(read_csv(path, CsvOptions().header(false).delimiter(';').label_column(0)));
+  EXPECT_TRUE(torch::equal(all.input, torch::tensor({0.5f, 1.0f, -1.0f, 0.125f}).view({2, 2})));
+  EXPECT_TRUE(torch::equal(all.target, torch::tensor({7, 2}, torch::kLong)));
+}
+
+TEST_F(ReadCsv, SpacesQuotesAndCrlf) {
+  auto path = write("\"f\", \"label\"\r\n \"1.5\" , 4 \r\n");
+  Batch all = everything(read_csv(path, CsvOptions().label_name("label")));
+  EXPECT_TRUE(torch::equal(all.input, torch::tensor({1.5f}).view({1, 1})));
+  EXPECT_TRUE(torch::equal(all.target, torch::tensor({4}, torch::kLong)));
+}
+
+TEST_F(ReadCsv, NegativeLabelColumnCountsFromTheEnd) {
+  auto path = write("1,2,3\n4,5,6\n");
+  Batch all = everything(read_csv(path, CsvOptions().header(false).label_column(-2)));
+  EXPECT_TRUE(torch::equal(all.target, torch::tensor({2, 5}, torch::kLong)));
+  EXPECT_TRUE(torch::equal(all.input, torch::tensor({1.0f, 3.0f, 4.0f, 6.0f}).view({2, 2})));
+}
+
+TEST_F(ReadCsv, BadNumberNamesFileLineAndColumn) {
+  auto message = data_error("a,b,label\n1,2,0\n1.5,abc,1\n");
+  EXPECT_TRUE(Contains(message, (dir_ / "data.csv").string() + ":3:2: "));
+  EXPECT_TRUE(Contains(message, "expected a number, got 'abc'"));
+}
+
+TEST_F(ReadCsv, EmptyCellIsABadNumber) {
+  auto message = data_error("a,b,label\n1,,0\n");
+  EXPECT_TRUE(Contains(message, (dir_ / "data.csv").string() + ":2:2: "));
+}
+
+TEST_F(ReadCsv, NonIntegerLabel) {
+  auto message = data_error("a,label\n1,2.5\n");
+  EXPECT_TRUE(Contains(message, (dir_ / "data.csv").string() + ":2:2: "));
+  EXPECT_TRUE(Contains(message, "expected an integer label, got '2.5'"));
+}
+
+TEST_F(ReadCsv, NegativeLabel) {
+  auto message = data_error("a,label\n1,-1\n");
+  EXPECT_TRUE(Contains(message, (dir_ / "data.csv").string() + ":2:2: "));
+  EXPECT_TRUE(Contains(message, "negative label -1"));
+}
+
+TEST_F(ReadCsv, RaggedRow) {
+  auto message = data_error("a,b,label\n1,2,0\n\n3,1\n");
+  EXPECT_TRUE(Contains(message, (dir_ / "data.csv").string() + ":4: "));
+  EXPECT_TRUE(Contains(message, "expected 3 fields, got 2"));
+}
+
+TEST_F(ReadCsv, UnknownLabelName) {
+  auto message = data_error("a,b\n1,2\n", CsvOptions().label_name("class"));
+  EXPECT_TRUE(Contains(message, (dir_ / "data.csv").string()));
+  EXPECT_TRUE(Contains(message, "no column named 'class'"));
+}
+
+TEST_F(ReadCsv, LabelNameNeedsAHeader) {
+  auto path = write("1,2\n");
+  auto message = error_message<UsageError>([&] { read_csv(path, CsvOptions().header(false).label_name("b")); });
+  EXPECT_TRUE(Contains(message, "label_name"));
+}
+
+TEST_F(ReadCsv, LabelColumnOutOfRange) {
+  auto path = write("1,2\n");
+  auto message = error_message<UsageError>([&] { read_csv(path, CsvOptions().header(false).label_column(2)); });
+  EXPECT_TRUE(Contains(message, "label_column: 2 is out of range for the 2 columns of " + path));
+}
+
+TEST_F(ReadCsv, HeaderOnly) {
+  auto message = data_error("a,label\n");
+  EXPECT_TRUE(Contains(message, (dir_ / "data.csv").string() + ": no data rows"));
+}
+
+TEST_F(ReadCsv, MissingFile) {
+  auto path = (dir_ / "absent.csv").string();
+  auto message = error_message<DataError>([&] { read_csv(path); });
+  EXPECT_TRUE(Contains(message, path + ": no such file"));
+}
+
+}  // namespace
+}  // namespace afterburner::data

@@ -1,0 +1,187 @@
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <csignal>
+
+#include "afterburner/core/error.h"
+#include "afterburner/core/threads.h"
+#include "afterburner/data/dataset.h"
+#include "afterburner/data/loader.h"
+#include "afterburner/models/zoo.h"
+#include "afterburner/train/trainer.h"
+#include "testing.h"
+
+namespace afterburner::train {
+namespace {
+
+// A small learnable problem: 8x8 single-channel "images" whose class is decided by which of
+// four quadrants is brightest.
+data::DatasetPtr quadrant_dataset(int64_t n, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto images = torch::rand({n, 1, 8, 8}, gen);
+  auto quadrants = images.reshape({n, 2, 4, 2, 4}).sum({2, 4}).reshape({n, 4});
+  return std::make_shared<data::TensorDataset>(images, quadrants.argmax(1));
+}
+
+struct Harness {
+  data::Loader train, test;
+  torch::nn::Sequential model;
+
+  explicit Harness(data::DatasetPtr train_set, int workers = 0, int64_t batch = 32)
+      : train(train_set, data::LoaderOptions().batch_size(batch).workers(workers).seed(5)),
+        test(quadrant_dataset(256, 99), data::LoaderOptions().batch_size(128).workers(0).shuffle(false).drop_last(false)),
+        model(fresh_model()) {}
+
+  static torch::nn::Sequential fresh_model() {
+    torch::manual_seed(1);
+    return models::make_model("mlp", models::ModelOptions().image_size(8).num_classes(4));
+  }
+
+  Trainer trainer(TrainerOptions options, OptimizerOptions optimizer = OptimizerOptions().lr(0.05),
+                  std::string schedule = "cosine") {
+    int64_t total = train.batches_per_epoch() * options.epochs() / options.accumulate();
+    return Trainer(model, make_optimizer(optimizer, model->parameters()),
+                   LrSchedule(ScheduleOptions().kind(schedule), optimizer.lr(), total), train, test,
+                   options.model_name("mlp"));
+  }
+};
+
+std::vector<torch::Tensor> snapshot(torch::nn::Module& model) {
+  std::vector<torch::Tensor> params;
+  for (const auto& p : model.parameters()) params.push_back(p.detach().clone());
+  return params;
+}
+
+void expect_bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+}
+
+}  // namespace
+
+TEST(Trainer, LearnsASimpleProblemAndReportsPerEpochAccuracy) {
+  Harness s(quadrant_dataset(2048, 1));
+  auto report = s.trainer(TrainerOptions().epochs(3)).fit();
+  EXPECT_EQ(report.test_accuracy_per_epoch.size(), 3u);
+  EXPECT_GT(report.test_accuracy, 0.8);  // chance is 0.25
+  EXPECT_EQ(report.steps, 3 * s.train.batches_per_epoch());
+  EXPECT_EQ(report.timing.samples, report.steps * 32);
+  EXPECT_EQ(report.stop_reason, "completed");
+}
+
+TEST(Trainer, StopsAtTheTargetAccuracyAndReportsTheTimeToIt) {
+  Harness s(quadrant_dataset(2048, 1));
+  auto report = s.trainer(TrainerOptions().epochs(20).target_accuracy(0.7).eval_every(10)).fit();
+  EXPECT_EQ(report.stop_reason, "target accuracy reached");
+  EXPECT_GE(report.test_accuracy, 0.7);
+  ASSERT_TRUE(report.train_seconds_to_target.has_value());
+  EXPECT_LE(*report.train_seconds_to_target, report.train_seconds + 1e-9);
+  EXPECT_LT(report.steps, 20 * s.train.batches_per_epoch());
+}
+
+// Two micro-batches of 16 with the loss halved give the gradient of one batch of 32.
+TEST(Trainer, AccumulationMatchesOneLargeBatch) {
+  auto data = quadrant_dataset(64, 2);
+  auto sgd = OptimizerOptions().lr(0.1).momentum(0).weight_decay(0);
+  Harness large(data, 0, 32), small(data, 0, 16);
+  large.trainer(TrainerOptions().max_steps(2), sgd, "constant").fit();
+  small.trainer(TrainerOptions().max_steps(2).accumulate(2), sgd, "constant").fit();
+  auto a = snapshot(*large.model), b = snapshot(*small.model);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-5, 1e-6)) << i;
+}
+
+// With plain SGD at lr 1 the update is the clipped gradient itself, so its norm is the bound.
+TEST(Trainer, ClipsTheGradientNormBeforeTheStep) {
+  Harness s(quadrant_dataset(32, 3));
+  auto before = snapshot(*s.model);
+  s.trainer(TrainerOptions().max_steps(1).clip_grad_norm(0.01),
+            OptimizerOptions().lr(1).momentum(0).weight_decay(0), "constant")
+      .fit();
+  double squared = 0;
+  auto after = snapshot(*s.model);
+  for (size_t i = 0; i < after.size(); ++i) squared += (after[i] - before[i]).pow(2).sum().item<double>();
+  EXPECT_NEAR(std::sqrt(squared), 0.01, 1e-4);
+}
+
+TEST(Trainer, ClipsGradientValues) {
+  Harness s(quadrant_dataset(32, 3));
+  auto before = snapshot(*s.model);
+  s.trainer(TrainerOptions().max_steps(1).clip_grad_value(1e-4),
+            OptimizerOptions().lr(1).momentum(0).weight_decay(0), "constant")
+      .fit();
+  auto after = snapshot(*s.model);
+  for (size_t i = 0; i < after.size(); ++i) {
+    // float32 weights near 0.1 round the difference by up to a few 1e-9.
+    EXPECT_LE((after[i] - before[i]).abs().max().item<double>(), 1e-4 + 1e-7);
+  }
+}
+
+TEST(Trainer, NonFiniteLossStopsNamingTheStep) {
+  auto images = torch::rand({64, 1, 8, 8});
+  images[40][0][0][0] = std::numeric_limits<float>::quiet_NaN();
+  auto data = std::make_shared<data::TensorDataset>(images, torch::zeros({64}, torch::kLong));
+  Harness s(data, 0, 16);
+  auto trainer = s.trainer(TrainerOptions().epochs(1));
+  try {
+    trainer.fit();
+    FAIL() << "expected a TrainingError";
+  } catch (const TrainingError& e) {
+    EXPECT_NE(std::string(e.what()).find("step"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nan"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, NonFiniteLossCanBeSkipped) {
+  auto images = torch::rand({64, 1, 8, 8});
+  images[40][0][0][0] = std::numeric_limits<float>::infinity();
+  auto data = std::make_shared<data::TensorDataset>(images, torch::zeros({64}, torch::kLong));
+  Harness s(data, 0, 16);
+  auto report = s.trainer(TrainerOptions().epochs(1).skip_nonfinite(true)).fit();
+  EXPECT_EQ(report.skipped_steps, 1);
+  EXPECT_EQ(report.steps, 3);
+  for (const auto& p : s.model->parameters()) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+}
+
+// An interrupted run resumed from its checkpoint ends bit for bit where an uninterrupted run
+// ends, including the data order, the schedule and the optimizer's momentum.
+TEST(Trainer, ResumeContinuesExactly) {
+  ThreadsGuard one_thread(1);
+  testing::TempDir dir;
+  auto data = quadrant_dataset(512, 4);
+  auto options = TrainerOptions().epochs(2).checkpoint_path((dir / "ckpt.pt").string());
+
+  Harness whole(data, 2);
+  whole.trainer(TrainerOptions(options).checkpoint_path("")).fit();
+
+  Harness first(data, 2);
+  first.trainer(TrainerOptions(options).max_steps(21)).fit();  // stops mid-epoch 2
+  Harness second(data, 1);  // another worker count: the batches are the same
+  auto resumed = second.trainer(options);
+  resumed.resume();
+  EXPECT_EQ(resumed.state().step, 21);
+  EXPECT_EQ(resumed.state().epoch, 1);
+  auto report = resumed.fit();
+  EXPECT_EQ(report.steps, 2 * whole.train.batches_per_epoch());
+  expect_bitwise_equal(snapshot(*second.model), snapshot(*whole.model));
+}
+
+TEST(Trainer, ResumingAnotherModelsCheckpointIsAnError) {
+  testing::TempDir dir;
+  auto path = (dir / "ckpt.pt").string();
+  Harness s(quadrant_dataset(64, 5));
+  s.trainer(TrainerOptions().max_steps(1).checkpoint_path(path)).fit();
+  Harness other(quadrant_dataset(64, 5));
+  auto trainer = Trainer(other.model, make_optimizer(OptimizerOptions(), other.model->parameters()),
+                         LrSchedule(ScheduleOptions(), 0.05, 10), other.train, other.test,
+                         TrainerOptions().model_name("cnn").checkpoint_path(path));
+  try {
+    trainer.resume();
+    FAIL() << "expected a CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("mlp"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace afterburner::train

@@ -1,0 +1,34 @@
+#include "config_options.h"
+
+namespace afterburner::tools {
+
+ConfigOptions::ConfigOptions(CLI::App* command, const train::TrainConfig& defaults)
+    : defaults_(defaults), given_(std::make_shared<std::map<std::string, std::string>>()) {
+  command->add_option("--config", config_file_, "TOML file of options (keys as the flags, with _ for -)");
+  for (const auto& field : train::config_fields()) {
+    std::string flag = field.name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    auto given = given_;
+    auto name = field.name;
+    if (field.is_flag) {
+      command->add_flag_function(
+          "--" + flag + ",!--no-" + flag,
+          [given, name](std::int64_t count) { (*given)[name] = count > 0 ? "true" : "false"; },
+          field.help + " (default " + field.get(defaults_) + ")");
+    } else {
+      command->add_option_function<std::string>(
+                 "--" + flag, [given, name](const std::string& value) { (*given)[name] = value; }, field.help)
+          ->default_str(field.get(defaults_));
+    }
+  }
+}
+
+train::TrainConfig ConfigOptions::resolve() const {
+  train::TrainConfig config = defaults_;
+  if (!config_file_.empty()) train::apply_toml_file(config, config_file_);
+  for (const auto& [name, value] : *given_) train::set_field(config, name, value);
+  train::validate(config);
+  return config;
+}
+
+}  // namespace afterburner::tools

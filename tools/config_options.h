@@ -1,0 +1,27 @@
+// Registers every TrainConfig field as a flag (--batch-size, --augment/--no-augment, ...) plus
+// --config FILE, and resolves them as defaults < TOML file < flags.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "afterburner/train/config.h"
+
+namespace afterburner::tools {
+
+class ConfigOptions {
+ public:
+  explicit ConfigOptions(CLI::App* command, const train::TrainConfig& defaults = {});
+  // The config after parsing: defaults, then the TOML file, then the flags given.
+  train::TrainConfig resolve() const;
+
+ private:
+  train::TrainConfig defaults_;
+  std::string config_file_;
+  std::shared_ptr<std::map<std::string, std::string>> given_;
+};
+
+}  // namespace afterburner::tools
