@@ -67,8 +67,9 @@ int main(int argc, char** argv) try {
     std::vector<double> rates;
     for (int rep = 1; rep <= settings.reps; ++rep) rates.push_back(epoch_samples_per_second(loader, rep));
     std::sort(rates.begin(), rates.end());
-    std::printf("afterburner workers=%d samples/s median=%.0f min=%.0f max=%.0f\n", workers,
-                rates[rates.size() / 2], rates.front(), rates.back());
+    const double median = (rates[(rates.size() - 1) / 2] + rates[rates.size() / 2]) / 2;
+    std::printf("afterburner workers=%d samples/s median=%.0f min=%.0f max=%.0f\n", workers, median, rates.front(),
+                rates.back());
   }
   return 0;
 } catch (const afterburner::Error& e) {

@@ -79,7 +79,10 @@ class LoaderCore {
 
   Batch take(const EpochPlan& plan, int64_t batch) {
     if (workers_.empty()) {
-      check_active(plan);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        check_active(plan);
+      }
       return build(plan, batch);
     }
     std::unique_lock<std::mutex> lock(mutex_);
@@ -116,7 +119,7 @@ class LoaderCore {
 
   Slot& slot_of(int64_t batch) { return slots_[batch % static_cast<int64_t>(slots_.size())]; }
 
-  // Requires the lock (or no workers).
+  // Requires the lock.
   void check_active(const EpochPlan& plan) const {
     if (stopping_) throw UsageError("loader", "was destroyed while an epoch was iterated");
     if (active_.get() != &plan) {
@@ -217,7 +220,14 @@ void EpochRange::advance() {
     core_->finish(*plan_);
     return;
   }
-  current_ = core_->take(*plan_, next_batch_);
+  try {
+    current_ = core_->take(*plan_, next_batch_);
+  } catch (...) {
+    // A batch that failed to load ends the epoch rather than leaving a hole in it.
+    finished_ = true;
+    core_->finish(*plan_);
+    throw;
+  }
   ++next_batch_;
 }
 

@@ -59,6 +59,8 @@ void write_archive(const std::string& path, torch::serialize::OutputArchive& arc
   TempFile tmp(path + ".tmp." + std::to_string(::getpid()));
   if (tmp.fd() < 0) throw CheckpointError(path, "cannot create a temporary file: " + errno_text());
   std::string write_error;
+  // LibTorch's zip writer terminates the process when its sink reports a short write (it
+  // throws from a destructor), so the sink always claims success and remembers the failure.
   archive.save_to([&](const void* data, size_t size) -> size_t {
     const char* bytes = static_cast<const char*>(data);
     size_t done = 0;
@@ -68,7 +70,7 @@ void write_archive(const std::string& path, torch::serialize::OutputArchive& arc
       if (n <= 0) write_error = n < 0 ? errno_text() : "short write";
       else done += static_cast<size_t>(n);
     }
-    return done;
+    return size;
   });
   if (!write_error.empty()) {
     throw CheckpointError(path, "write failed (" + write_error + "); the previous checkpoint is kept");

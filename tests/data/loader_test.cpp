@@ -128,6 +128,12 @@ TEST_P(LoaderWorkers, WorkerExceptionsReachTheConsumerUnchanged) {
   });
   EXPECT_EQ(message, "poisoned.idx: sample 42");
   EXPECT_EQ(delivered, 4);  // batches 0-3 come before the one holding sample 42
+
+  // The failed batch ends its epoch.
+  auto range = loader.epoch(0, 3);
+  auto it = range.begin();
+  EXPECT_THROW(++it, DataError);
+  EXPECT_TRUE(it == range.end());
   poison->armed = false;
   EXPECT_EQ(collect(loader, 1).size(), 10u);
 }

@@ -1,0 +1,145 @@
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <csignal>
+
+#include "afterburner/core/error.h"
+#include "afterburner/models/zoo.h"
+#include "afterburner/train/checkpoint.h"
+#include "afterburner/train/optim.h"
+#include "testing.h"
+
+namespace afterburner::train {
+namespace {
+
+struct TrainingRun {
+  std::string name;
+  torch::nn::Sequential model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  GradScaler scaler{GradScalerOptions().init_scale(512)};
+
+  explicit TrainingRun(std::string model_name, uint64_t seed = 0) : name(std::move(model_name)) {
+    torch::manual_seed(seed);
+    model = models::make_model(name);
+    optimizer = make_optimizer(OptimizerOptions().kind("adamw").lr(1e-3), model->parameters());
+  }
+  // One real step so the optimizer has state (AdamW moments) worth restoring.
+  void step() {
+    model->zero_grad();
+    model->forward(torch::randn({4, 1, 28, 28})).sum().backward();
+    optimizer->step();
+  }
+  CheckpointTarget target(TrainState state = {}) { return {name, *model, *optimizer, scaler, state}; }
+};
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "no CheckpointError";
+}
+
+}  // namespace
+
+TEST(Checkpoint, RoundTripRestoresModelOptimizerScalerRngAndState) {
+  testing::TempDir dir;
+  auto path = (dir / "ckpt.pt").string();
+  TrainingRun saved("mlp", 1);
+  saved.step();
+  saved.scaler.update();
+  save_checkpoint(path, saved.target({3, 1234, 56, 78.5}));
+  auto next_random = torch::rand({4});
+
+  TrainingRun restored("mlp", 2);  // other initial weights and an empty optimizer
+  TrainState state = load_checkpoint(path, restored.target());
+  EXPECT_EQ(state.epoch, 3);
+  EXPECT_EQ(state.step, 1234);
+  EXPECT_EQ(state.batch_in_epoch, 56);
+  EXPECT_DOUBLE_EQ(state.train_seconds, 78.5);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), next_random)) << "RNG state not restored";
+  auto a = saved.model->parameters(), b = restored.model->parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i]));
+  EXPECT_EQ(restored.scaler.current_scale(), saved.scaler.current_scale());
+  EXPECT_EQ(restored.scaler.growth_tracker(), 1);
+  // Same optimizer state: one more identical step keeps the weights identical.
+  torch::manual_seed(9);
+  saved.step();
+  torch::manual_seed(9);
+  restored.step();
+  a = saved.model->parameters(), b = restored.model->parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+}
+
+TEST(Checkpoint, MissingFileIsAnError) {
+  TrainingRun run("mlp");
+  auto message = error_of([&] { load_checkpoint("/nonexistent/ckpt.pt", run.target()); });
+  EXPECT_NE(message.find("/nonexistent/ckpt.pt"), std::string::npos) << message;
+}
+
+TEST(Checkpoint, CorruptOrTruncatedFileIsAnErrorNamingIt) {
+  testing::TempDir dir;
+  auto path = (dir / "ckpt.pt").string();
+  TrainingRun run("mlp");
+  save_checkpoint(path, run.target());
+  std::string bytes = testing::read_file(path);
+  for (std::string broken : {bytes.substr(0, bytes.size() / 2), std::string("not a checkpoint at all")}) {
+    testing::write_file(path, broken);
+    auto message = error_of([&] { load_checkpoint(path, run.target()); });
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
+TEST(Checkpoint, AnotherModelsCheckpointIsRefused) {
+  testing::TempDir dir;
+  auto path = (dir / "ckpt.pt").string();
+  TrainingRun cnn("cnn");
+  save_checkpoint(path, cnn.target());
+  TrainingRun mlp("mlp");
+  auto message = error_of([&] { load_checkpoint(path, mlp.target()); });
+  EXPECT_NE(message.find("'cnn'"), std::string::npos) << message;
+  EXPECT_NE(message.find("'mlp'"), std::string::npos) << message;
+}
+
+TEST(Checkpoint, SameNameWithOtherShapesIsRefused) {
+  testing::TempDir dir;
+  auto path = (dir / "ckpt.pt").string();
+  TrainingRun ten("mlp");
+  save_checkpoint(path, ten.target());
+  TrainingRun three("mlp");
+  three.model = models::make_model("mlp", models::ModelOptions().num_classes(3));
+  three.optimizer = make_optimizer(OptimizerOptions(), three.model->parameters());
+  auto message = error_of([&] { load_checkpoint(path, three.target()); });
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+}
+
+// A full disk mid-write (simulated with a file size limit) keeps the previous checkpoint.
+TEST(Checkpoint, FailedWriteKeepsThePreviousCheckpoint) {
+  testing::TempDir dir;
+  auto path = (dir / "ckpt.pt").string();
+  TrainingRun run("mlp");
+  save_checkpoint(path, run.target({0, 1, 0, 0}));
+  std::string before = testing::read_file(path);
+
+  rlimit old{};
+  getrlimit(RLIMIT_FSIZE, &old);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 64 * 1024;  // far below the mlp's 7 MB of weights
+  setrlimit(RLIMIT_FSIZE, &small);
+  auto message = error_of([&] { save_checkpoint(path, run.target({0, 2, 0, 0})); });
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  EXPECT_EQ(testing::read_file(path), before) << "the previous checkpoint changed";
+  int files = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir.path())) ++files;
+  EXPECT_EQ(files, 1) << "a temporary file was left behind";
+  EXPECT_EQ(load_checkpoint(path, run.target()).step, 1);
+}
+
+}  // namespace afterburner::train

@@ -1,0 +1,98 @@
+#include <gtest/gtest.h>
+
+#include "afterburner/core/error.h"
+#include "afterburner/train/config.h"
+#include "testing.h"
+
+namespace afterburner::train {
+namespace {
+
+std::string usage_error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "no UsageError";
+}
+
+}  // namespace
+
+TEST(Config, EveryFieldRoundTripsThroughItsText) {
+  TrainConfig config;
+  for (const auto& field : config_fields()) {
+    TrainConfig copy;
+    field.set(copy, field.get(config));
+    EXPECT_EQ(field.get(copy), field.get(config)) << field.name;
+  }
+}
+
+TEST(Config, SetsTypedValues) {
+  TrainConfig config;
+  set_field(config, "batch_size", "256");
+  set_field(config, "lr", "0.125");
+  set_field(config, "workers", "auto");
+  set_field(config, "nesterov", "true");
+  set_field(config, "checkpoint_layers", "1,3");
+  EXPECT_EQ(config.batch_size, 256);
+  EXPECT_DOUBLE_EQ(config.lr, 0.125);
+  EXPECT_EQ(config.workers, -1);
+  EXPECT_TRUE(config.nesterov);
+  EXPECT_EQ(config.checkpoint_layers, (std::vector<int64_t>{1, 3}));
+}
+
+TEST(Config, BadValuesNameTheFlag) {
+  TrainConfig config;
+  EXPECT_NE(usage_error_of([&] { set_field(config, "batch_size", "12x"); }).find("--batch-size"), std::string::npos);
+  EXPECT_NE(usage_error_of([&] { set_field(config, "batch_size", "0"); }).find("at least 1"), std::string::npos);
+  EXPECT_NE(usage_error_of([&] { set_field(config, "precision", "fp8"); }).find("--precision"), std::string::npos);
+  EXPECT_NE(usage_error_of([&] { set_field(config, "target_accuracy", "1.5"); }).find("--target-accuracy"),
+            std::string::npos);
+  EXPECT_NE(usage_error_of([&] { set_field(config, "workers", "-2"); }).find("--workers"), std::string::npos);
+  EXPECT_NE(usage_error_of([&] { set_field(config, "colour", "red"); }).find("colour"), std::string::npos);
+}
+
+TEST(Config, TomlFileSetsFieldsOverTheDefaults) {
+  testing::TempDir dir;
+  auto path = dir / "run.toml";
+  testing::write_file(path, "model = \"mlp\"\nbatch_size = 64\nlr = 0.2\nnesterov = true\n"
+                            "checkpoint_layers = [0, 2]\nworkers = \"auto\"\n");
+  TrainConfig config;
+  apply_toml_file(config, path.string());
+  EXPECT_EQ(config.model, "mlp");
+  EXPECT_EQ(config.batch_size, 64);
+  EXPECT_DOUBLE_EQ(config.lr, 0.2);
+  EXPECT_TRUE(config.nesterov);
+  EXPECT_EQ(config.checkpoint_layers, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(config.workers, -1);
+  EXPECT_EQ(config.epochs, TrainConfig().epochs);
+}
+
+TEST(Config, TomlErrorsNameTheFileAndKeyOrLine) {
+  testing::TempDir dir;
+  auto path = (dir / "run.toml").string();
+  TrainConfig config;
+  testing::write_file(path, "batch_sise = 64\n");
+  auto unknown = usage_error_of([&] { apply_toml_file(config, path); });
+  EXPECT_NE(unknown.find(path), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("batch_sise"), std::string::npos) << unknown;
+  testing::write_file(path, "batch_size = \"many\"\n");
+  auto bad = usage_error_of([&] { apply_toml_file(config, path); });
+  EXPECT_NE(bad.find(path), std::string::npos) << bad;
+  EXPECT_NE(bad.find("batch-size"), std::string::npos) << bad;
+  testing::write_file(path, "lr = 0.1\nepochs = = 3\n");
+  auto syntax = usage_error_of([&] { apply_toml_file(config, path); });
+  EXPECT_NE(syntax.find(path + ":2"), std::string::npos) << syntax;
+  auto missing = usage_error_of([&] { apply_toml_file(config, (dir / "none.toml").string()); });
+  EXPECT_NE(missing.find("none.toml"), std::string::npos) << missing;
+}
+
+TEST(Config, ResumeNeedsACheckpointDirectory) {
+  TrainConfig config;
+  config.resume = true;
+  EXPECT_THROW(validate(config), UsageError);
+  config.checkpoint_dir = "/tmp/x";
+  EXPECT_NO_THROW(validate(config));
+}
+
+}  // namespace afterburner::train
