@@ -2,9 +2,9 @@
 // a request) so the CLI can print a single line and exit with the right code.
 //
 //   try {
-//     auto ds = afterburner::data::read_idx_pair(images, labels);
+//     auto train = afterburner::data::load_mnist(dir, afterburner::data::Split::train);
 //   } catch (const afterburner::Error& e) {
-//     std::cerr << "afterburner: " << e.what() << "\n";   // "data: <file>: bad magic 0x..."
+//     std::cerr << "afterburner: " << e.what() << "\n";   // "<file>: bad magic ..."
 //     return e.exit_code();
 //   }
 #pragma once
