@@ -1,7 +1,10 @@
 // Helpers shared by the tests: temporary directories, the real dataset, running the CLI.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,5 +46,22 @@ CommandResult run_cli(const std::vector<std::string>& args);
 // Writes bytes to a file, creating or truncating it.
 void write_file(const std::filesystem::path& path, const std::string& bytes);
 std::string read_file(const std::filesystem::path& path);
+
+inline ::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
+}
+
+// The message of the ErrorType that `action` throws; a test failure if it throws none.
+template <typename ErrorType>
+std::string error_message(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const ErrorType& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "nothing thrown";
+  return "";
+}
 
 }  // namespace afterburner::testing

@@ -3,8 +3,10 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/data/csv.h"
-#include "data_test_util.h"
 #include "testing.h"
+
+using afterburner::testing::Contains;
+using afterburner::testing::error_message;
 
 namespace afterburner::data {
 namespace {

@@ -3,7 +3,10 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/data/dataset.h"
-#include "data_test_util.h"
+#include "testing.h"
+
+using afterburner::testing::Contains;
+using afterburner::testing::error_message;
 
 namespace afterburner::data {
 namespace {

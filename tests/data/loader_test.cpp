@@ -10,7 +10,10 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/data/loader.h"
-#include "data_test_util.h"
+#include "testing.h"
+
+using afterburner::testing::Contains;
+using afterburner::testing::error_message;
 
 namespace afterburner::data {
 namespace {

@@ -5,7 +5,10 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/data/transforms.h"
-#include "data_test_util.h"
+#include "testing.h"
+
+using afterburner::testing::Contains;
+using afterburner::testing::error_message;
 
 namespace afterburner::data {
 namespace {

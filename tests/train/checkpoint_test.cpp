@@ -34,12 +34,7 @@ struct TrainingRun {
 };
 
 std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const CheckpointError& e) {
-    return e.what();
-  }
-  return "no CheckpointError";
+  return testing::error_message<CheckpointError>(action);
 }
 
 }  // namespace

@@ -8,12 +8,7 @@ namespace afterburner::train {
 namespace {
 
 std::string usage_error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "no UsageError";
+  return testing::error_message<UsageError>(action);
 }
 
 }  // namespace

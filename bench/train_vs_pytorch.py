@@ -1,0 +1,91 @@
+#!/usr/bin/python3
+"""`afterburner train` against the same training run in Python PyTorch (bench/pytorch_train.py),
+alternating A B A B in one run so both see the same machine, then medians, spread and the
+ratio of afterburner to PyTorch training samples/s per precision.
+
+    /usr/bin/python3 bench/train_vs_pytorch.py [--build build] [--reps 3] [--precisions fp32,bf16]
+        [--model cnn] [--epochs 1] [--max-steps 0] [--extra "--no-channels-last"]
+
+Both runs: batch 128, SGD momentum 0.9, weight decay 5e-4, 2 threads, training samples/s over
+training steps only (data wait included, evaluation excluded). PyTorch uses its DataLoader with
+2 workers; afterburner its own loader with its default worker count.
+"""
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_json(command, report):
+    result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        sys.exit(f"failed ({result.returncode}): {shlex.join(command)}\n{result.stderr}")
+    return json.loads(Path(report).read_text())
+
+
+def afterburner(args, precision, report):
+    command = [str(Path(args.build) / "afterburner"), "train", "--model", args.model,
+               "--precision", precision, "--epochs", str(args.epochs), "--batch-size", "128",
+               "--threads", "2", "--progress", "none", "--report", report]
+    if args.max_steps:
+        command += ["--max-steps", str(args.max_steps)]
+    return run_json(command + shlex.split(args.extra), report)
+
+
+def pytorch(args, precision, report):
+    command = ["/usr/bin/python3", str(HERE / "pytorch_train.py"), "--model", args.model,
+               "--precision", precision, "--epochs", str(args.epochs), "--batch-size", "128",
+               "--threads", "2", "--workers", "2", "--report", report]
+    if args.max_steps:
+        command += ["--max-steps", str(args.max_steps)]
+    return run_json(command, report)
+
+
+def spread(values):
+    return f"median {statistics.median(values):8.0f}  min {min(values):8.0f}  max {max(values):8.0f}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, default=0)
+    parser.add_argument("--extra", default="", help="extra flags for afterburner train")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = str(Path(tmp) / "report.json")
+        for precision in args.precisions.split(","):
+            ours, theirs, ratios, acc_ours, acc_theirs, rss_ours, rss_theirs = [], [], [], [], [], [], []
+            for _ in range(args.reps):
+                a = afterburner(args, precision, report)
+                b = pytorch(args, precision, report)
+                ours.append(a["train_samples_per_sec"])
+                theirs.append(b["train_samples_per_sec"])
+                ratios.append(ours[-1] / theirs[-1])
+                acc_ours.append(a["test_accuracy"])
+                acc_theirs.append(b["test_accuracy"])
+                rss_ours.append(a["peak_rss_mb"])
+                rss_theirs.append(b["peak_rss_mb"] + b.get("peak_rss_children_mb", 0))
+            print(f"{args.model} {precision}, {args.reps} pairs, training samples/s")
+            print(f"  afterburner  {spread(ours)}   test acc {statistics.median(acc_ours):.4f}"
+                  f"   peak RSS {statistics.median(rss_ours):.0f} MB")
+            print(f"  pytorch      {spread(theirs)}   test acc {statistics.median(acc_theirs):.4f}"
+                  f"   peak RSS {statistics.median(rss_theirs):.0f} MB (main + largest worker)")
+            print(f"  ratio        median {statistics.median(ratios):.2f}x  min {min(ratios):.2f}x"
+                  f"  max {max(ratios):.2f}x (pair by pair)")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
