@@ -21,10 +21,13 @@
 namespace afterburner::train {
 namespace {
 
-Precision resolve_precision(const std::string& name) {
-  if (name == "auto") return cpu_has_native_bf16() ? Precision::bf16 : Precision::fp32;
+Precision resolve_precision(const std::string& name, const torch::Device& device) {
+  if (name == "auto") {
+    if (device.is_cuda()) return Precision::bf16;
+    return cpu_has_native_bf16() ? Precision::bf16 : Precision::fp32;
+  }
   Precision precision = parse_precision(name);
-  check_precision_supported(precision, torch::kCPU);
+  check_precision_supported(precision, device);
   return precision;
 }
 
@@ -81,7 +84,8 @@ std::string checkpoint_file(const std::string& checkpoint_dir) {
 TrainReport run_training(const TrainConfig& config) {
   validate(config);
   ThreadsGuard threads(config.threads > 0 ? static_cast<int>(config.threads) : available_cores());
-  const Precision precision = resolve_precision(config.precision);
+  const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  const Precision precision = resolve_precision(config.precision, device);
   profile::TensorMemory::install();
   torch::manual_seed(config.seed);
 
@@ -140,7 +144,8 @@ TrainReport run_training(const TrainConfig& config) {
                       .target_accuracy(config.target_accuracy)
                       .eval_every(config.eval_every)
                       .max_steps(config.max_steps)
-                      .skip_nonfinite(config.skip_nonfinite));
+                      .skip_nonfinite(config.skip_nonfinite)
+                      .device(device));
   trainer.add_callback(std::make_shared<ProgressBar>(parse_progress_mode(config.progress)));
   if (!config.log_jsonl.empty()) trainer.add_callback(std::make_shared<JsonlLog>(config.log_jsonl));
   if (config.early_stopping > 0) trainer.add_callback(std::make_shared<EarlyStopping>(config.early_stopping));

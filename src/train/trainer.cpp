@@ -21,6 +21,8 @@ Trainer::Trainer(torch::nn::Sequential model, std::unique_ptr<torch::optim::Opti
       options_(std::move(options)),
       scaler_(options_.scaler()) {
   if (options_.accumulate() < 1) throw UsageError("accumulate", "must be at least 1");
+  check_precision_supported(options_.precision(), options_.device());
+  model_->to(options_.device());
   if (options_.precision() == Precision::fp16 && !options_.scaler().enabled()) {
     // fp16 gradients underflow without loss scaling.
     scaler_ = GradScaler(options_.scaler().enabled(true));
@@ -48,7 +50,7 @@ double Trainer::forward_backward(const data::Batch& batch) {
   timer_.start(Phase::forward);
   torch::Tensor loss;
   {
-    AutocastGuard autocast(options_.precision());
+    AutocastGuard autocast(options_.precision(), options_.device());
     auto logits = model_->forward(batch.input);
     loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), batch.target);
   }
@@ -100,8 +102,8 @@ EvalResult Trainer::evaluate() {
   EvalResult result;
   int64_t correct = 0;
   double loss_sum = 0;
-  for (auto& batch : test_.epoch(0)) {
-    AutocastGuard autocast(options_.precision());
+  for (auto& batch : data::Prefetcher(test_.epoch(0), options_.device())) {
+    AutocastGuard autocast(options_.precision(), options_.device());
     auto logits = model_->forward(batch.input).to(torch::kFloat);
     loss_sum += torch::nn::functional::cross_entropy(
                     logits, batch.target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
@@ -166,7 +168,7 @@ TrainReport Trainer::fit() {
     double loss_sum = 0;
     timer_.start(Phase::data);
     auto step_begin = std::chrono::steady_clock::now();
-    for (auto& batch : train_.epoch(state_.epoch, state_.batch_in_epoch)) {
+    for (auto& batch : data::Prefetcher(train_.epoch(state_.epoch, state_.batch_in_epoch), options_.device())) {
       double loss = forward_backward(batch);
       ++state_.batch_in_epoch;
       if (!std::isfinite(loss)) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "afterburner/data/device.h"
 #include "afterburner/data/loader.h"
 #include "afterburner/profile/step_timer.h"
 #include "afterburner/train/callbacks.h"
@@ -39,6 +40,8 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, max_steps) = 0;
   TORCH_ARG(bool, skip_nonfinite) = false;
   TORCH_ARG(GradScalerOptions, scaler) = GradScalerOptions().enabled(false);
+  // Where the model lives; batches are staged there (pinned, asynchronous copies on CUDA).
+  TORCH_ARG(torch::Device, device) = torch::kCPU;
 };
 
 class Trainer {
