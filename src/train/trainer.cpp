@@ -156,65 +156,74 @@ bool Trainer::after_step(const StepInfo& info, TrainReport& report) {
   return !stop_reason_.empty();
 }
 
+void Trainer::skip_nonfinite_loss(double loss, TrainReport& report) {
+  if (!options_.skip_nonfinite()) {
+    throw TrainingError(fmt::format("step {} (epoch {}, batch {}): the loss is {}; lower --lr, "
+                                    "or pass --skip-nonfinite to skip such steps",
+                                    state_.step + 1, state_.epoch + 1, state_.batch_in_epoch, loss));
+  }
+  discard_gradients();
+  ++report.skipped_steps;
+}
+
+// One pass over the rest of the current epoch; returns whether it reached the epoch's end.
+bool Trainer::run_epoch(TrainReport& report) {
+  const int64_t per_epoch = train_.batches_per_epoch();
+  int64_t micro = 0, samples = 0;
+  double loss_sum = 0;
+  timer_.start(Phase::data);
+  auto step_begin = std::chrono::steady_clock::now();
+  for (auto& batch : data::Prefetcher(train_.epoch(state_.epoch, state_.batch_in_epoch), options_.device())) {
+    double loss = forward_backward(batch);
+    ++state_.batch_in_epoch;
+    if (!std::isfinite(loss)) {
+      skip_nonfinite_loss(loss, report);  // drops the micro-batches gathered so far, too
+      micro = samples = 0;
+      loss_sum = 0;
+    } else {
+      ++micro;
+      samples += batch.target.size(0);
+      loss_sum += loss;
+    }
+    if (micro == 0 || (micro < options_.accumulate() && state_.batch_in_epoch < per_epoch)) {
+      timer_.start(Phase::data);
+      continue;
+    }
+    if (!optimizer_step()) ++report.skipped_steps;
+    ++state_.step;
+    timer_.end_step(samples);
+    StepInfo info = step_info(state_.epoch, samples, loss_sum / double(micro));
+    info.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_begin).count();
+    micro = samples = 0;
+    loss_sum = 0;
+    if (after_step(info, report)) break;
+    timer_.start(Phase::data);
+    step_begin = std::chrono::steady_clock::now();
+  }
+  timer_.stop();
+  return state_.batch_in_epoch >= per_epoch;
+}
+
 TrainReport Trainer::fit() {
   TrainReport report;
   report.precision = to_string(options_.precision());
   model_->train();
   discard_gradients();
-  const int64_t per_epoch = train_.batches_per_epoch();
   while (state_.epoch < options_.epochs() && stop_reason_.empty()) {
     const double epoch_start = timer_.stats().total_s;
-    int64_t micro = 0, samples = 0;
-    double loss_sum = 0;
-    timer_.start(Phase::data);
-    auto step_begin = std::chrono::steady_clock::now();
-    for (auto& batch : data::Prefetcher(train_.epoch(state_.epoch, state_.batch_in_epoch), options_.device())) {
-      double loss = forward_backward(batch);
-      ++state_.batch_in_epoch;
-      if (!std::isfinite(loss)) {
-        if (!options_.skip_nonfinite()) {
-          throw TrainingError(fmt::format("step {} (epoch {}, batch {}): the loss is {}; lower --lr, "
-                                          "or pass --skip-nonfinite to skip such steps",
-                                          state_.step + 1, state_.epoch + 1, state_.batch_in_epoch, loss));
-        }
-        discard_gradients();
-        micro = samples = 0;
-        loss_sum = 0;
-        ++report.skipped_steps;
-        timer_.start(Phase::data);
-        continue;
-      }
-      ++micro;
-      samples += batch.target.size(0);
-      loss_sum += loss;
-      if (micro < options_.accumulate() && state_.batch_in_epoch < per_epoch) {
-        timer_.start(Phase::data);
-        continue;
-      }
-      if (!optimizer_step()) ++report.skipped_steps;
-      ++state_.step;
-      timer_.end_step(samples);
-      StepInfo info = step_info(state_.epoch, samples, loss_sum / double(micro));
-      auto now = std::chrono::steady_clock::now();
-      info.step_seconds = std::chrono::duration<double>(now - step_begin).count();
-      step_begin = now;
-      micro = samples = 0;
-      loss_sum = 0;
-      if (after_step(info, report)) break;
-      timer_.start(Phase::data);
-      step_begin = std::chrono::steady_clock::now();
-    }
-    timer_.stop();
+    bool epoch_done = run_epoch(report);
     report.epoch_seconds.push_back(timer_.stats().total_s - epoch_start);
-    if (state_.batch_in_epoch >= per_epoch) {
+    if (epoch_done) {
       ++state_.epoch;
       state_.batch_in_epoch = 0;
-      evaluate_into(/*epoch_end=*/true, report);
-      save();
+      if (last_eval_step_ == state_.step) {
+        report.test_accuracy_per_epoch.push_back(report.test_accuracy);  // evaluated at this very step
+      } else {
+        evaluate_into(/*epoch_end=*/true, report);
+      }
       update_stop_reason();
-    } else {
-      save();
     }
+    save();
   }
   if (last_eval_step_ != state_.step) evaluate_into(/*epoch_end=*/false, report);  // stopped mid-epoch
   auto stats = timer_.stats();

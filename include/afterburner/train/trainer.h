@@ -66,6 +66,9 @@ class Trainer {
   // Clips, steps (unless the scaler finds inf/NaN) and clears the gradients; false if skipped.
   bool optimizer_step();
   void discard_gradients();
+  // Throws TrainingError naming the step, or with skip_nonfinite drops the step's gradients.
+  void skip_nonfinite_loss(double loss, TrainReport& report);
+  bool run_epoch(TrainReport& report);
   // Evaluation, checkpoint and stop checks due after step `info`; true to stop.
   bool after_step(const StepInfo& info, TrainReport& report);
   // Evaluates, records the result in `report` and tells whether the target is reached.
