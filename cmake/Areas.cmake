@@ -53,5 +53,7 @@ function(afterburner_test area)
                         GTest::gtest GTest::gtest_main)
   target_precompile_headers(test_${area} REUSE_FROM afterburner_pch)
   gtest_discover_tests(test_${area} DISCOVERY_TIMEOUT 60
-    PROPERTIES ENVIRONMENT "AFTERBURNER_SOURCE_DIR=${PROJECT_SOURCE_DIR};AFTERBURNER_BINARY=$<TARGET_FILE:afterburner_cli>")
+    PROPERTIES ENVIRONMENT "AFTERBURNER_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+               # A second variable through ENVIRONMENT would be split at its ';' by gtest_discover_tests.
+               ENVIRONMENT_MODIFICATION "AFTERBURNER_BINARY=set:$<TARGET_FILE:afterburner_cli>")
 endfunction()

@@ -3,7 +3,9 @@
 namespace afterburner::tools {
 
 ConfigOptions::ConfigOptions(CLI::App* command, const train::TrainConfig& defaults)
-    : defaults_(defaults), given_(std::make_shared<std::map<std::string, std::string>>()) {
+    : defaults_(defaults),
+      given_(std::make_shared<std::map<std::string, std::string>>()),
+      flag_storage_(std::make_shared<std::map<std::string, std::string>>()) {
   command->add_option("--config", config_file_, "TOML file of options (keys as the flags, with _ for -)");
   for (const auto& field : train::config_fields()) {
     std::string flag = field.name;
@@ -11,10 +13,11 @@ ConfigOptions::ConfigOptions(CLI::App* command, const train::TrainConfig& defaul
     auto given = given_;
     auto name = field.name;
     if (field.is_flag) {
-      command->add_flag_function(
-          "--" + flag + ",!--no-" + flag,
-          [given, name](std::int64_t count) { (*given)[name] = count > 0 ? "true" : "false"; },
-          field.help + " (default " + field.get(defaults_) + ")");
+      // The flag's text (true, false, or --flag=VALUE) goes to the field's own parser.
+      command
+          ->add_flag("--" + flag + "{true},!--no-" + flag + "{false}", (*flag_storage_)[name],
+                     field.help + " (default " + field.get(defaults_) + ")")
+          ->each([given, name](const std::string& value) { (*given)[name] = value; });
     } else {
       command->add_option_function<std::string>(
                  "--" + flag, [given, name](const std::string& value) { (*given)[name] = value; }, field.help)

@@ -22,6 +22,7 @@ class ConfigOptions {
   train::TrainConfig defaults_;
   std::string config_file_;
   std::shared_ptr<std::map<std::string, std::string>> given_;
+  std::shared_ptr<std::map<std::string, std::string>> flag_storage_;  // CLI11 writes flag text here
 };
 
 }  // namespace afterburner::tools

@@ -16,7 +16,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::cerr << "afterburner: " << e.what() << " (see --help)\n";
+    return 2;
   }
   BlasInfo blas = detect_blas();
   if (blas.is_reference) std::cerr << "afterburner: " << blas_warning(blas) << "\n";

@@ -54,7 +54,7 @@ torch::nn::Sequential make_model(const std::string& name, const ModelOptions& op
   if (it == factories().end()) {
     std::string known;
     for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
-    throw UsageError("model", "unknown model '" + name + "' (known: " + known + ")");
+    throw UsageError("--model", "unknown model '" + name + "' (known: " + known + ")");
   }
   return it->second(options);
 }

@@ -110,6 +110,7 @@ void save_checkpoint(const std::string& path, const CheckpointTarget& target) {
   archive.write("state.step", scalar(target.state.step));
   archive.write("state.batch_in_epoch", scalar(target.state.batch_in_epoch));
   archive.write("state.train_seconds", scalar(target.state.train_seconds));
+  archive.write("state.seconds_to_target", scalar(target.state.seconds_to_target));
   archive.write("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
   write_archive(path, archive);
 }
@@ -143,15 +144,17 @@ TrainState load_checkpoint(const std::string& path, CheckpointTarget target) {
     }
     target.optimizer.load(optimizer);
     target.scaler.load(archive);
-    torch::Tensor epoch, step, batch, seconds, rng;
+    torch::Tensor epoch, step, batch, seconds, to_target, rng;
     archive.read("state.epoch", epoch);
     archive.read("state.step", step);
     archive.read("state.batch_in_epoch", batch);
     archive.read("state.train_seconds", seconds);
+    archive.read("state.seconds_to_target", to_target);
     archive.read("rng.cpu", rng);
     auto generator = at::detail::getDefaultCPUGenerator();
     generator.set_state(rng);
-    state = {epoch.item<int64_t>(), step.item<int64_t>(), batch.item<int64_t>(), seconds.item<double>()};
+    state = {epoch.item<int64_t>(), step.item<int64_t>(), batch.item<int64_t>(), seconds.item<double>(),
+             to_target.item<double>()};
   } catch (const c10::Error& e) {
     throw CheckpointError(path, "does not fit this run: " + first_line(e));
   }

@@ -5,6 +5,7 @@
 #include <toml++/toml.h>
 
 #include <charconv>
+#include <filesystem>
 #include <sstream>
 
 #include "afterburner/core/error.h"
@@ -207,6 +208,7 @@ void set_field(TrainConfig& config, const std::string& name, const std::string& 
 }
 
 void apply_toml_file(TrainConfig& config, const std::string& path) {
+  if (!std::filesystem::is_regular_file(path)) throw UsageError(path, "no such config file");
   toml::table table;
   try {
     table = toml::parse_file(path);
@@ -223,7 +225,7 @@ void apply_toml_file(TrainConfig& config, const std::string& path) {
     try {
       set_field(config, name, toml_value_text(node, where));
     } catch (const UsageError& e) {
-      throw UsageError(path, e.what());
+      throw UsageError(where, e.problem());  // the file's key, not the flag
     }
   }
 }

@@ -13,7 +13,7 @@ Precision parse_precision(const std::string& name) {
   if (name == "fp32") return Precision::fp32;
   if (name == "bf16") return Precision::bf16;
   if (name == "fp16") return Precision::fp16;
-  throw UsageError("precision", "unknown precision '" + name + "' (expected fp32, bf16 or fp16)");
+  throw UsageError("--precision", "unknown precision '" + name + "' (expected fp32, bf16 or fp16)");
 }
 
 std::string to_string(Precision precision) {
@@ -38,7 +38,7 @@ bool cpu_has_native_bf16() {
 
 void check_precision_supported(Precision precision, const torch::Device& device) {
   if (precision == Precision::fp16 && device.is_cpu()) {
-    throw UsageError("precision", "fp16 is not supported on CPU by LibTorch's autocast; use bf16 "
+    throw UsageError("--precision", "fp16 is not supported on CPU by LibTorch's autocast; use bf16 "
                                   "(same range as fp32, no loss scaling needed) or fp32");
   }
 }

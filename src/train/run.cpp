@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -69,6 +71,14 @@ int64_t total_steps(const TrainConfig& config, int64_t batches_per_epoch) {
   return config.max_steps > 0 ? std::min(steps, config.max_steps) : steps;
 }
 
+// Fails before a long run rather than after it when an output cannot be written.
+void check_writable(const std::string& path, const std::string& flag) {
+  if (path.empty()) return;
+  auto dir = std::filesystem::absolute(path).parent_path();
+  if (!std::filesystem::is_directory(dir)) throw Error(path + " (" + flag + "): its directory does not exist");
+  if (::access(dir.c_str(), W_OK) != 0) throw Error(path + " (" + flag + "): its directory is not writable");
+}
+
 void write_report(const TrainReport& report, const std::string& path) {
   std::ofstream out(path, std::ios::trunc);
   out << report.to_json().dump(2) << '\n';
@@ -83,6 +93,10 @@ std::string checkpoint_file(const std::string& checkpoint_dir) {
 
 TrainReport run_training(const TrainConfig& config) {
   validate(config);
+  for (const auto& [path, flag] : {std::pair{config.report, "--report"}, {config.export_path, "--export"},
+                                   {config.log_jsonl, "--log-jsonl"}, {config.trace, "--trace"}}) {
+    check_writable(path, flag);
+  }
   ThreadsGuard threads(config.threads > 0 ? static_cast<int>(config.threads) : available_cores());
   const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   const Precision precision = resolve_precision(config.precision, device);
@@ -146,7 +160,8 @@ TrainReport run_training(const TrainConfig& config) {
                       .max_steps(config.max_steps)
                       .skip_nonfinite(config.skip_nonfinite)
                       .device(device));
-  trainer.add_callback(std::make_shared<ProgressBar>(parse_progress_mode(config.progress)));
+  auto progress = parse_progress_mode(config.progress);
+  if (progress != ProgressMode::none) trainer.add_callback(std::make_shared<ProgressBar>(progress));
   if (!config.log_jsonl.empty()) trainer.add_callback(std::make_shared<JsonlLog>(config.log_jsonl));
   if (config.early_stopping > 0) trainer.add_callback(std::make_shared<EarlyStopping>(config.early_stopping));
   if (config.profile_steps > 0) {

@@ -134,6 +134,7 @@ void Trainer::evaluate_into(bool epoch_end, TrainReport& report) {
   if (options_.target_accuracy() > 0 && info.result.accuracy >= options_.target_accuracy() &&
       !report.train_seconds_to_target) {
     report.train_seconds_to_target = info.train_seconds;
+    state_.seconds_to_target = info.train_seconds;
     stop_reason_ = "target accuracy reached";
   }
 }
@@ -209,6 +210,11 @@ TrainReport Trainer::fit() {
   report.precision = to_string(options_.precision());
   model_->train();
   discard_gradients();
+  if (state_.seconds_to_target >= 0 && options_.target_accuracy() > 0) {
+    report.train_seconds_to_target = state_.seconds_to_target;  // reached before the resume
+    stop_reason_ = "target accuracy reached";
+  }
+  update_stop_reason();
   while (state_.epoch < options_.epochs() && stop_reason_.empty()) {
     const double epoch_start = timer_.stats().total_s;
     bool epoch_done = run_epoch(report);

@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <cctype>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -93,19 +94,33 @@ std::vector<std::string> error_lines(const std::string& err) {
   return ::testing::AssertionSuccess();
 }
 
-std::vector<std::string> quick_train_args(const std::filesystem::path& data_dir, int64_t max_steps) {
-  return {"train", "--data", data_dir.string(), "--epochs", "1", "--max-steps", std::to_string(max_steps),
-          "--threads", "1", "--workers", "0", "--progress", "none", "--eval-batch-size", "2000",
-          "--precision", "fp32"};
+std::vector<std::string> train_args(const std::filesystem::path& data_dir,
+                                    const std::map<std::string, std::string>& flags) {
+  std::map<std::string, std::string> all{{"--data", data_dir.string()}, {"--epochs", "1"},
+                                         {"--threads", "1"},           {"--workers", "0"},
+                                         {"--progress", "none"},       {"--eval-batch-size", "2000"},
+                                         {"--precision", "fp32"}};
+  for (const auto& [flag, value] : flags) all[flag] = value;
+  std::vector<std::string> args{"train"};
+  for (const auto& [flag, value] : all) {
+    args.push_back(flag);
+    if (!value.empty()) args.push_back(value);
+  }
+  return args;
+}
+
+std::string test_name(const std::string& text) {
+  std::string name;
+  for (char c : text) {
+    bool keep = std::isalnum(static_cast<unsigned char>(c));
+    if (keep) name.push_back(c);
+    else if (!name.empty() && name.back() != '_') name.push_back('_');
+  }
+  return name;
 }
 
 nlohmann::json read_json(const std::filesystem::path& path) {
   return nlohmann::json::parse(read_file(path));
-}
-
-std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {
-  base.insert(base.end(), more.begin(), more.end());
-  return base;
 }
 
 }  // namespace afterburner::testing

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,12 +48,14 @@ std::vector<std::string> error_lines(const std::string& err);
 ::testing::AssertionResult fails_with(const CommandResult& result, int exit_code,
                                       const std::vector<std::string>& needles);
 
-// Flags for a short single-threaded run on `data_dir` without progress output.
-std::vector<std::string> quick_train_args(const std::filesystem::path& data_dir, int64_t max_steps);
+// `train` on `data_dir` for a short, quiet, single-threaded fp32 run of one epoch; `flags` add
+// to or replace those defaults (a flag mapped to "" is passed alone, like --resume).
+std::vector<std::string> train_args(const std::filesystem::path& data_dir,
+                                    const std::map<std::string, std::string>& flags = {});
+
+// A GoogleTest parameter name from any text: "--batch-size abc" -> "batch_size_abc".
+std::string test_name(const std::string& text);
 
 nlohmann::json read_json(const std::filesystem::path& path);
-
-// Concatenates argument lists: with(base, {"--report", path}).
-std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more);
 
 }  // namespace afterburner::testing

@@ -51,6 +51,8 @@ struct BadValue {
   std::string flag, value;
 };
 
+void PrintTo(const BadValue& bad, std::ostream* out) { *out << bad.flag << " " << bad.value; }
+
 class CliBadValue : public ::testing::TestWithParam<BadValue> {};
 
 TEST_P(CliBadValue, ExitsTwoWithOneLineNamingTheFlagAndValue) {
@@ -63,7 +65,8 @@ INSTANTIATE_TEST_SUITE_P(Flags, CliBadValue,
                                            BadValue{"--lr", "-1"}, BadValue{"--epochs", "0"},
                                            BadValue{"--workers", "-3"}, BadValue{"--momentum", "1.5"},
                                            BadValue{"--progress", "loud"}, BadValue{"--optimizer", "lbfgs"},
-                                           BadValue{"--seed", "1.5"}));
+                                           BadValue{"--seed", "1.5"}),
+                         [](const auto& info) { return test_name(info.param.flag + " " + info.param.value); });
 
 // A value given to a boolean flag must be a usage error too, not a crash.
 TEST(CliUsage, BooleanFlagWithABadValueExitsTwo) {
@@ -85,7 +88,7 @@ TEST(CliUsage, TraceNeedsProfile) {
 TEST(CliUsage, UnknownModelNamesItAndTheKnownOnes) {
   TempDir dir;
   write_synthetic_mnist(dir.path(), 64, 32);
-  EXPECT_TRUE(fails_with(run_cli(with(quick_train_args(dir.path(), 1), {"--model", "vgg"})), 2,
+  EXPECT_TRUE(fails_with(run_cli(train_args(dir.path(), {{"--max-steps", "1"}, {"--model", "vgg"}})), 2,
                          {"vgg", "cnn", "mlp", "resnet"}));
 }
 

@@ -74,7 +74,7 @@ TEST(Config, TomlErrorsNameTheFileAndKeyOrLine) {
   testing::write_file(path, "batch_size = \"many\"\n");
   auto bad = usage_error_of([&] { apply_toml_file(config, path); });
   EXPECT_NE(bad.find(path), std::string::npos) << bad;
-  EXPECT_NE(bad.find("batch-size"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("batch_size"), std::string::npos) << bad;  // the file's key, not the flag
   testing::write_file(path, "lr = 0.1\nepochs = = 3\n");
   auto syntax = usage_error_of([&] { apply_toml_file(config, path); });
   EXPECT_NE(syntax.find(path + ":2"), std::string::npos) << syntax;

@@ -26,8 +26,12 @@ class Error : public std::runtime_error {
 class UsageError : public Error {
  public:
   UsageError(const std::string& field, const std::string& problem)
-      : Error(field + ": " + problem) {}
+      : Error(field + ": " + problem), problem_(problem) {}
   int exit_code() const override { return 2; }
+  const std::string& problem() const { return problem_; }
+
+ private:
+  std::string problem_;
 };
 
 // A dataset file that is missing, truncated or malformed.

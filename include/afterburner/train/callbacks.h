@@ -48,7 +48,7 @@ class Callback {
 };
 using CallbackPtr = std::shared_ptr<Callback>;
 
-enum class ProgressMode { automatic, bar, log, none };  // automatic: bar on a TTY, else log
+enum class ProgressMode { automatic, bar, log, none };  // automatic: bar on a TTY, else log; none: no callback
 ProgressMode parse_progress_mode(const std::string& name);
 
 // A one-line progress bar on stderr (epoch, step, loss, samples/s, ETA), or plain log lines
