@@ -153,16 +153,23 @@ ProfileResult::ProfileResult(std::vector<OpEvent> events, double wall_us)
   for (const OpStats& op : ops_) self_us_ += op.self_us;
 }
 
+// Long names (autograd nodes of C++ functions carry their whole template type) keep their
+// informative tail: "...ReluMaxPoolFunction>".
+static std::string table_name(const std::string& name) {
+  const size_t limit = 60;
+  return name.size() <= limit ? name : "..." + name.substr(name.size() - (limit - 3));
+}
+
 std::string ProfileResult::table(size_t top_n) const {
   size_t shown = std::min(top_n, ops_.size());
   size_t name_width = std::string("Name").size();
-  for (size_t i = 0; i < shown; ++i) name_width = std::max(name_width, ops_[i].name.size());
+  for (size_t i = 0; i < shown; ++i) name_width = std::max(name_width, table_name(ops_[i].name).size());
   std::string out = fmt::format("{:<{}}  {:>8}  {:>11}  {:>7}  {:>11}\n", "Name", name_width,
                                 "Calls", "Self ms", "Self %", "Total ms");
   for (size_t i = 0; i < shown; ++i) {
     const OpStats& op = ops_[i];
     double percent = self_us_ > 0 ? 100.0 * op.self_us / self_us_ : 0.0;
-    out += fmt::format("{:<{}}  {:>8}  {:>11.3f}  {:>6.1f}%  {:>11.3f}\n", op.name, name_width,
+    out += fmt::format("{:<{}}  {:>8}  {:>11.3f}  {:>6.1f}%  {:>11.3f}\n", table_name(op.name), name_width,
                        op.calls, op.self_us / 1e3, percent, op.total_us / 1e3);
   }
   if (shown < ops_.size()) out += fmt::format("({} more ops)\n", ops_.size() - shown);

@@ -132,16 +132,14 @@ TrainState load_checkpoint(const std::string& path, CheckpointTarget target) {
                                     "', but this run trains '" + target.model_name + "'");
   }
   TrainState state;
+  bool shapes_differ = false;
   try {
     torch::serialize::InputArchive model, optimizer;
     archive.read("model", model);
     archive.read("optimizer", optimizer);
     auto shapes = parameter_shapes(target.model);
     target.model.load(model);
-    if (parameter_shapes(target.model) != shapes) {
-      throw CheckpointError(path, "its tensors have other shapes than this run's model '" +
-                                      target.model_name + "'");
-    }
+    shapes_differ = parameter_shapes(target.model) != shapes;
     target.optimizer.load(optimizer);
     target.scaler.load(archive);
     torch::Tensor epoch, step, batch, seconds, to_target, rng;
@@ -157,6 +155,11 @@ TrainState load_checkpoint(const std::string& path, CheckpointTarget target) {
              to_target.item<double>()};
   } catch (const c10::Error& e) {
     throw CheckpointError(path, "does not fit this run: " + first_line(e));
+  } catch (const Error& e) {  // e.g. an optimizer state that does not fit the parameters
+    throw CheckpointError(path, std::string("does not fit this run: ") + e.what());
+  }
+  if (shapes_differ) {
+    throw CheckpointError(path, "its tensors have other shapes than this run's model '" + target.model_name + "'");
   }
   return state;
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "afterburner/core/error.h"
+#include "afterburner/kernels/flat_optim.h"
 
 namespace afterburner::train {
 
@@ -16,14 +17,16 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& 
   if (o.weight_decay() < 0) throw UsageError("weight-decay", "must not be negative");
   if (o.kind() == "sgd") {
     if (o.nesterov() && o.momentum() <= 0) throw UsageError("nesterov", "needs momentum > 0");
-    return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(o.lr()).momentum(o.momentum()).nesterov(o.nesterov())
-                    .weight_decay(o.weight_decay()));
+    auto options = torch::optim::SGDOptions(o.lr()).momentum(o.momentum()).nesterov(o.nesterov())
+                       .weight_decay(o.weight_decay());
+    if (o.fused()) return std::make_unique<kernels::FlatSGD>(params, options);
+    return std::make_unique<torch::optim::SGD>(params, options);
   }
   if (o.kind() == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(o.lr()).betas({o.beta1(), o.beta2()}).eps(o.eps())
-                    .weight_decay(o.weight_decay()));
+    auto options = torch::optim::AdamWOptions(o.lr()).betas({o.beta1(), o.beta2()}).eps(o.eps())
+                       .weight_decay(o.weight_decay());
+    if (o.fused()) return std::make_unique<kernels::FlatAdamW>(params, options);
+    return std::make_unique<torch::optim::AdamW>(params, options);
   }
   throw UsageError("optimizer", "unknown optimizer '" + o.kind() + "' (expected sgd or adamw)");
 }

@@ -13,6 +13,8 @@
 #include "afterburner/data/idx.h"
 #include "afterburner/data/loader.h"
 #include "afterburner/data/transforms.h"
+#include "afterburner/kernels/cross_entropy.h"
+#include "afterburner/kernels/fuse.h"
 #include "afterburner/models/export.h"
 #include "afterburner/models/zoo.h"
 #include "afterburner/profile/memory.h"
@@ -128,15 +130,25 @@ TrainReport run_training(const TrainConfig& config) {
                            data::LoaderOptions(loader_options).batch_size(config.eval_batch_size).shuffle(false).drop_last(false),
                            test_chain);
 
-  if (!config.checkpoint_layers.empty()) checkpoint_layers(model, config.checkpoint_layers);
+  // The trainer runs `trained`; `model` shares every parameter and stays exportable.
+  torch::nn::Sequential trained = model;
+  LossFunction loss = plain_cross_entropy();
+  if (config.fuse) {
+    auto fused = kernels::fuse(model);
+    for (const auto& notice : fused.notices) fmt::print(stderr, "afterburner: {}\n", notice);
+    trained = fused.model;
+    loss = kernels::cross_entropy;
+  }
+  if (!config.checkpoint_layers.empty()) checkpoint_layers(trained, config.checkpoint_layers);
   if (channels_last) to_channels_last(*model);
   auto optimizer = make_optimizer(OptimizerOptions()
                                       .kind(config.optimizer)
                                       .lr(config.lr)
                                       .momentum(config.momentum)
                                       .nesterov(config.nesterov)
-                                      .weight_decay(config.weight_decay),
-                                  model->parameters());
+                                      .weight_decay(config.weight_decay)
+                                      .fused(config.fuse),
+                                  trained->parameters());
   LrSchedule schedule(ScheduleOptions().kind(config.schedule).warmup_steps(config.warmup_steps), config.lr,
                       total_steps(config, train_loader.batches_per_epoch()));
 
@@ -145,10 +157,11 @@ TrainReport run_training(const TrainConfig& config) {
     std::filesystem::create_directories(config.checkpoint_dir);
     checkpoint = checkpoint_file(config.checkpoint_dir);
   }
-  Trainer trainer(model, std::move(optimizer), schedule, train_loader, test_loader,
+  Trainer trainer(trained, std::move(optimizer), schedule, train_loader, test_loader,
                   TrainerOptions()
                       .model_name(config.model)
                       .epochs(config.epochs)
+                      .loss(loss)
                       .precision(precision)
                       .accumulate(config.accumulate)
                       .clip_grad_norm(config.clip_grad_norm)
@@ -174,7 +187,7 @@ TrainReport run_training(const TrainConfig& config) {
   report.batch_size = config.batch_size;
   report.threads = at::get_num_threads();
   report.workers = workers;
-  if (!config.export_path.empty()) models::export_torchscript(trainer.model(), config.export_path);
+  if (!config.export_path.empty()) models::export_torchscript(model, config.export_path);
   if (!config.report.empty()) write_report(report, config.report);
   return report;
 }

@@ -5,11 +5,18 @@
 #include <cmath>
 
 #include "afterburner/core/error.h"
+#include "afterburner/kernels/flat_optim.h"
 #include "afterburner/profile/memory.h"
 
 namespace afterburner::train {
 
 using profile::Phase;
+
+LossFunction plain_cross_entropy() {
+  return [](const torch::Tensor& logits, const torch::Tensor& targets) {
+    return torch::nn::functional::cross_entropy(logits.to(torch::kFloat), targets);
+  };
+}
 
 Trainer::Trainer(torch::nn::Sequential model, std::unique_ptr<torch::optim::Optimizer> optimizer,
                  LrSchedule schedule, data::Loader& train, data::Loader& test, TrainerOptions options)
@@ -52,7 +59,7 @@ double Trainer::forward_backward(const data::Batch& batch) {
   {
     AutocastGuard autocast(options_.precision(), options_.device());
     auto logits = model_->forward(batch.input);
-    loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), batch.target);
+    loss = options_.loss()(logits, batch.target);
   }
   double value = loss.item<double>();
   if (!std::isfinite(value)) return value;
@@ -61,7 +68,15 @@ double Trainer::forward_backward(const data::Batch& batch) {
   return value;
 }
 
-void Trainer::discard_gradients() { model_->zero_grad(/*set_to_none=*/true); }
+// Flat optimizers zero their gradient buffer in one pass and keep the gradients inside it;
+// otherwise gradients are released (set to none) rather than zero-filled.
+void Trainer::discard_gradients() {
+  if (auto* flat = dynamic_cast<kernels::FlatOptimizer*>(optimizer_.get())) {
+    flat->zero_grad();
+  } else {
+    model_->zero_grad(/*set_to_none=*/true);
+  }
+}
 
 bool Trainer::optimizer_step() {
   timer_.start(Phase::optimizer);

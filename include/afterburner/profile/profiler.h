@@ -64,7 +64,8 @@ class ProfileResult {
   // Largest self time first.
   const std::vector<OpStats>& ops_by_self_time() const { return ops_; }
 
-  // An aligned table of the top_n ops by self time: name, calls, self ms, self %, total ms;
+  // An aligned table of the top_n ops by self time: name (over 60 characters: "..." and its
+  // tail), calls, self ms, self %, total ms;
   // self % is of self_us(). Ends with a newline.
   std::string table(size_t top_n = 20) const;
 

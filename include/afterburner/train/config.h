@@ -34,6 +34,7 @@ struct TrainConfig {
   double clip_grad_norm = 0;       // 0 = off
   double clip_grad_value = 0;      // 0 = off
   bool augment = true;             // random crop with 2 pixels of padding
+  bool fuse = true;                // afterburner's fused ops, loss and optimizer step
   bool channels_last = false;     // measured slower end to end for cnn here (BENCHMARKS.md)
   std::vector<int64_t> checkpoint_layers;  // activation checkpointing of these layer indices
   std::string checkpoint_dir;      // empty = no checkpoints

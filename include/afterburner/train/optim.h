@@ -28,6 +28,7 @@ struct OptimizerOptions {
   TORCH_ARG(double, beta1) = 0.9;        // adamw
   TORCH_ARG(double, beta2) = 0.999;      // adamw
   TORCH_ARG(double, eps) = 1e-8;         // adamw
+  TORCH_ARG(bool, fused) = false;        // one pass over flat buffers (kernels::FlatSGD/FlatAdamW)
 };
 
 // UsageError for an unknown kind or an invalid value (lr <= 0, nesterov without momentum).

@@ -11,6 +11,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,9 +27,14 @@
 
 namespace afterburner::train {
 
+// loss(logits, targets) -> mean loss over the batch.
+using LossFunction = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
+LossFunction plain_cross_entropy();
+
 struct TrainerOptions {
   TORCH_ARG(std::string, model_name) = "model";  // guards checkpoints against another model
   TORCH_ARG(int64_t, epochs) = 1;
+  TORCH_ARG(LossFunction, loss) = plain_cross_entropy();
   TORCH_ARG(Precision, precision) = Precision::fp32;
   TORCH_ARG(int64_t, accumulate) = 1;
   TORCH_ARG(double, clip_grad_norm) = 0;

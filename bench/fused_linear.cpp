@@ -1,0 +1,148 @@
+// Forward+backward time of the fused kernels against the torch ops they replace, at the zoo's
+// shapes: linear_relu vs torch::relu(torch::linear(...)) for the cnn's fc1 (batch 128,
+// 3136->128) and the mlp's hidden layers (batch 256, 784->1024 and 1024->1024); cross_entropy
+// vs torch::nn::functional::cross_entropy for batch 128 and 256 with 10 and 1000 classes. Each
+// in fp32 and under bf16 autocast (entered and left every step, as training does).
+//
+//   bench_fused_linear [--reps N] [--threads N]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "afterburner/core/blas.h"
+#include "afterburner/core/error.h"
+#include "afterburner/core/threads.h"
+#include "afterburner/kernels/cross_entropy.h"
+#include "afterburner/kernels/linear_relu.h"
+#include "afterburner/train/precision.h"
+
+namespace {
+
+using afterburner::train::Precision;
+
+struct Settings {
+  int reps = 50;
+  int threads = 2;
+};
+
+Settings parse(int argc, char** argv) {
+  Settings settings;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--reps") {
+      settings.reps = std::max(1, std::atoi(value.c_str()));
+    } else if (flag == "--threads") {
+      settings.threads = std::max(1, std::atoi(value.c_str()));
+    } else {
+      throw afterburner::UsageError(flag, "unknown flag (use --reps, --threads)");
+    }
+  }
+  return settings;
+}
+
+struct Stats {
+  double median = 0, min = 0, max = 0;  // milliseconds
+};
+
+Stats summarize(std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  return {(times[(times.size() - 1) / 2] + times[times.size() / 2]) / 2, times.front(), times.back()};
+}
+
+double milliseconds(const std::function<void()>& step) {
+  const auto start = std::chrono::steady_clock::now();
+  step();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Times the two steps alternately, so that both see the same machine noise, after a warm-up.
+void compare(const std::string& label, const std::function<void()>& fused, const std::function<void()>& torch_ops,
+             int reps) {
+  for (int i = 0; i < 3; ++i) {
+    fused();
+    torch_ops();
+  }
+  std::vector<double> fused_times, torch_times;
+  for (int rep = 0; rep < reps; ++rep) {
+    fused_times.push_back(milliseconds(fused));
+    torch_times.push_back(milliseconds(torch_ops));
+  }
+  const Stats f = summarize(fused_times), t = summarize(torch_times);
+  std::printf("%-44s fused %8.3f ms [%7.3f, %8.3f]  torch %8.3f ms [%7.3f, %8.3f]  torch/fused %.2fx\n", label.c_str(),
+              f.median, f.min, f.max, t.median, t.min, t.max, t.median / f.median);
+}
+
+using Forward = std::function<torch::Tensor()>;
+
+// One training step's worth of work on `inputs`: the forward (under autocast for bf16), then the
+// gradients of all inputs for a fixed upstream gradient.
+std::function<void()> forward_backward(const Forward& forward, const std::vector<torch::Tensor>& inputs,
+                                       Precision precision) {
+  return [=] {
+    torch::Tensor output;
+    {
+      afterburner::train::AutocastGuard autocast(precision);
+      output = forward();
+    }
+    torch::autograd::grad({output}, inputs, {torch::ones_like(output)});
+  };
+}
+
+struct LinearShape {
+  std::string name;
+  int64_t batch, in, out;
+  bool input_requires_grad;  // false for a model's first layer
+};
+
+void bench_linear(const LinearShape& shape, Precision precision, int reps) {
+  torch::nn::Linear linear(shape.in, shape.out);
+  const torch::Tensor x = torch::randn({shape.batch, shape.in}).requires_grad_(shape.input_requires_grad);
+  std::vector<torch::Tensor> inputs{linear->weight, linear->bias};
+  if (shape.input_requires_grad) inputs.push_back(x);
+  const Forward fused = [=] { return afterburner::kernels::linear_relu(x, linear->weight, linear->bias); };
+  const Forward torch_ops = [=] { return torch::relu(torch::linear(x, linear->weight, linear->bias)); };
+  const std::string label = "linear_relu " + shape.name + " " + afterburner::train::to_string(precision);
+  compare(label, forward_backward(fused, inputs, precision), forward_backward(torch_ops, inputs, precision), reps);
+}
+
+void bench_cross_entropy(int64_t batch, int64_t classes, Precision precision, int reps) {
+  // Logits as the model hands them over: bf16 when its last layer ran under autocast.
+  const auto dtype = precision == Precision::bf16 ? torch::kBFloat16 : torch::kFloat;
+  const torch::Tensor logits = torch::randn({batch, classes}).to(dtype).requires_grad_();
+  const torch::Tensor target = torch::randint(classes, {batch}, torch::kLong);
+  const Forward fused = [=] { return afterburner::kernels::cross_entropy(logits, target); };
+  const Forward torch_ops = [=] { return torch::nn::functional::cross_entropy(logits, target); };
+  const std::string label = "cross_entropy " + std::to_string(batch) + "x" + std::to_string(classes) + " " +
+                            afterburner::train::to_string(precision);
+  compare(label, forward_backward(fused, {logits}, precision), forward_backward(torch_ops, {logits}, precision), reps);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Settings settings = parse(argc, argv);
+  afterburner::ThreadsGuard threads(settings.threads);
+  torch::manual_seed(0);
+  const afterburner::BlasInfo blas = afterburner::detect_blas();
+  std::printf("forward+backward, %d threads, %d reps, BLAS %s; median [min, max]\n", settings.threads, settings.reps,
+              blas.name.c_str());
+  const std::vector<LinearShape> shapes{{"cnn fc1 128x3136->128", 128, 3136, 128, true},
+                                        {"mlp fc1 256x784->1024", 256, 784, 1024, false},
+                                        {"mlp fc2 256x1024->1024", 256, 1024, 1024, true}};
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    for (const auto& shape : shapes) bench_linear(shape, precision, settings.reps);
+  }
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    for (int64_t classes : {10, 1000}) {
+      for (int64_t batch : {128, 256}) bench_cross_entropy(batch, classes, precision, settings.reps);
+    }
+  }
+  return 0;
+} catch (const afterburner::Error& e) {
+  std::fprintf(stderr, "bench_fused_linear: %s\n", e.what());
+  return e.exit_code();
+}

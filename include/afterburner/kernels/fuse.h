@@ -1,0 +1,34 @@
+// Rewrites a Sequential model onto afterburner's fused training ops, keeping every parameter
+// (the same tensors, under the same names) so checkpoints and exports work with either form.
+//
+//   auto model = afterburner::models::make_model("cnn");
+//   auto fused = afterburner::kernels::fuse(model);
+//   for (const auto& notice : fused.notices) std::cerr << notice << "\n";
+//   auto logits = fused.model->forward(images);     // same values, less time and memory
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <string>
+#include <vector>
+
+namespace afterburner::kernels {
+
+struct FuseOptions {
+  TORCH_ARG(bool, relu_max_pool) = true;  // ReLU, MaxPool2d  ->  Identity, ReluMaxPool2d
+  TORCH_ARG(bool, linear_relu) = true;    // Linear, ReLU     ->  LinearReLU, Identity
+};
+
+struct FuseResult {
+  torch::nn::Sequential model;       // a new container; the layers it keeps are shared
+  std::vector<std::string> fused;    // one entry per rewrite, e.g. "layers 1-2: ReLU + MaxPool2d"
+  std::vector<std::string> notices;  // patterns left unfused, one line each, with the reason
+};
+
+// Layers are replaced position for position (a fused pair becomes the fused op plus an
+// Identity), so parameter names stay those of the input model. Only the top level is
+// rewritten: layers inside other modules (a residual block's convolutions) stay as they are.
+FuseResult fuse(const torch::nn::Sequential& model, const FuseOptions& options = {});
+
+}  // namespace afterburner::kernels

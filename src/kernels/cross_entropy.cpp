@@ -1,0 +1,157 @@
+#include "afterburner/kernels/cross_entropy.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "afterburner/core/error.h"
+
+namespace afterburner::kernels {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+void check_inputs(const torch::Tensor& logits, const torch::Tensor& target) {
+  if (!logits.defined() || logits.dim() != 2) {
+    throw UsageError("cross_entropy logits",
+                     "expected [rows, classes], got " + (logits.defined() ? c10::str(logits.sizes()) : "undefined"));
+  }
+  const auto dtype = logits.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kBFloat16) {
+    throw UsageError("cross_entropy logits",
+                     std::string("dtype ") + c10::toString(dtype) + " is not supported (float, double or bfloat16)");
+  }
+  if (!target.defined() || target.dim() != 1 || target.size(0) != logits.size(0) ||
+      target.scalar_type() != at::kLong) {
+    throw UsageError("cross_entropy target", "expected int64 [" + std::to_string(logits.size(0)) + "] for logits " +
+                                                 c10::str(logits.sizes()) + ", got " +
+                                                 (target.defined() ? std::string(c10::toString(target.scalar_type())) +
+                                                                         " " + c10::str(target.sizes())
+                                                                   : "undefined"));
+  }
+  if (!logits.device().is_cpu() || !target.device().is_cpu()) {
+    throw UsageError("cross_entropy", "CPU tensors only, got logits on " + c10::str(logits.device()) +
+                                          " and target on " + c10::str(target.device()));
+  }
+}
+
+int64_t checked_target(int64_t value, int64_t row, int64_t classes) {
+  if (value < 0 || value >= classes) {
+    throw UsageError("cross_entropy target", "value " + std::to_string(value) + " at row " + std::to_string(row) +
+                                                 " is out of range for " + std::to_string(classes) + " classes");
+  }
+  return value;
+}
+
+// torch's own choice under CPU autocast: cross-entropy of bf16 logits runs (and returns) in float.
+at::ScalarType loss_dtype(const torch::Tensor& logits) {
+  const bool reduced = logits.scalar_type() == at::kBFloat16;
+  return reduced && at::autocast::is_cpu_enabled() ? at::kFloat : logits.scalar_type();
+}
+
+// About GRAIN_SIZE logits per parallel task, so that small batches stay on one thread.
+int64_t rows_per_task(int64_t classes) {
+  return std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(1, classes));
+}
+
+// lse = log sum_j exp(row_j) in one pass: a running max m and s = sum_j exp(row_j - m), scaled by
+// exp(m_old - m_new) whenever the max grows, so no exp overflows.
+template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
+acc_t online_logsumexp(const scalar_t* row, int64_t classes) {
+  constexpr acc_t minus_infinity = -std::numeric_limits<acc_t>::infinity();
+  acc_t max = minus_infinity;
+  acc_t sum = 0;
+  for (int64_t j = 0; j < classes; ++j) {
+    const acc_t value = row[j];
+    if (value > max) {
+      sum = sum * std::exp(max - value) + 1;
+      max = value;
+    } else if (value != minus_infinity) {  // -inf adds nothing (and -inf - -inf is NaN); NaN still propagates
+      sum += std::exp(value - max);
+    }
+  }
+  return max + std::log(sum);
+}
+
+// loss = (1/N) sum_i (lse_i - x[i, t_i]) with lse_i = log sum_j exp(x[i, j]); fills lse per row.
+torch::Tensor mean_nll(const torch::Tensor& logits, const torch::Tensor& target, torch::Tensor& logsumexp) {
+  const int64_t rows = logits.size(0), classes = logits.size(1);
+  torch::Tensor loss;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, logits.scalar_type(), "cross_entropy", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    logsumexp = at::empty({rows}, logits.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
+    const scalar_t* x = logits.data_ptr<scalar_t>();
+    const int64_t* t = target.data_ptr<int64_t>();
+    acc_t* lse = logsumexp.data_ptr<acc_t>();
+    const auto add_rows = [&](int64_t begin, int64_t end, acc_t partial) {
+      for (int64_t i = begin; i < end; ++i) {
+        const scalar_t* row = x + i * classes;
+        lse[i] = online_logsumexp(row, classes);
+        partial += lse[i] - static_cast<acc_t>(row[checked_target(t[i], i, classes)]);
+      }
+      return partial;
+    };
+    const acc_t total = at::parallel_reduce(0, rows, rows_per_task(classes), acc_t(0), add_rows, std::plus<acc_t>());
+    loss = at::scalar_tensor(total / rows, logits.options().dtype(loss_dtype(logits)));
+  });
+  return loss;
+}
+
+// dL/dx[i, j] = (exp(x[i, j] - lse_i) - [j == t_i]) * dL/dloss / N, i.e. (softmax - onehot) scaled.
+torch::Tensor mean_nll_gradient(const torch::Tensor& logits, const torch::Tensor& target,
+                                const torch::Tensor& logsumexp, const torch::Tensor& grad_loss) {
+  const int64_t rows = logits.size(0), classes = logits.size(1);
+  torch::Tensor grad = at::empty_like(logits, at::MemoryFormat::Contiguous);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, logits.scalar_type(), "cross_entropy_backward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const acc_t scale = grad_loss.item<acc_t>() / rows;
+    const scalar_t* x = logits.data_ptr<scalar_t>();
+    const int64_t* t = target.data_ptr<int64_t>();
+    const acc_t* lse = logsumexp.data_ptr<acc_t>();
+    scalar_t* out = grad.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, rows_per_task(classes), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t offset = i * classes;
+        for (int64_t j = 0; j < classes; ++j) {
+          const acc_t probability = std::exp(static_cast<acc_t>(x[offset + j]) - lse[i]);
+          out[offset + j] = static_cast<scalar_t>((probability - static_cast<acc_t>(j == t[i])) * scale);
+        }
+      }
+    });
+  });
+  return grad;
+}
+
+struct CrossEntropyFunction : torch::autograd::Function<CrossEntropyFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& target) {
+    torch::Tensor logsumexp;
+    torch::Tensor loss = mean_nll(logits.contiguous(), target.contiguous(), logsumexp);
+    ctx->save_for_backward({logits, target, logsumexp});
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor grad_logits =
+        mean_nll_gradient(saved[0].contiguous(), saved[1].contiguous(), saved[2], grad_outputs[0]);
+    return {grad_logits, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& target) {
+  check_inputs(logits, target);
+  return CrossEntropyFunction::apply(logits, target);
+}
+
+}  // namespace afterburner::kernels

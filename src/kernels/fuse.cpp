@@ -1,0 +1,76 @@
+#include "afterburner/kernels/fuse.h"
+
+#include <fmt/format.h>
+#include <torch/nn/modules.h>
+
+#include "afterburner/kernels/linear_relu.h"
+#include "afterburner/kernels/relu_maxpool.h"
+
+namespace afterburner::kernels {
+namespace nn = torch::nn;
+namespace {
+
+// Why a MaxPool2d cannot take the fused path, or "" when it can.
+std::string pool_unsupported(const nn::MaxPool2dOptions& o) {
+  auto k = *o.kernel_size(), s = *o.stride(), p = *o.padding(), d = *o.dilation();
+  if (k[0] != k[1] || s[0] != s[1] || k[0] != s[0]) return "kernel and stride must be equal and square";
+  if (p[0] != 0 || p[1] != 0) return "padding is not supported";
+  if (d[0] != 1 || d[1] != 1) return "dilation is not supported";
+  if (o.ceil_mode()) return "ceil_mode is not supported";
+  return "";
+}
+
+class Rewriter {
+ public:
+  Rewriter(const FuseOptions& options, FuseResult& result) : options_(options), result_(result) {}
+
+  nn::Sequential rewrite(const nn::Sequential& model) {
+    std::vector<nn::AnyModule> modules(model->begin(), model->end());
+    nn::Sequential out;
+    for (size_t i = 0; i < modules.size(); ++i) {
+      auto layer = modules[i].ptr();
+      auto next = i + 1 < modules.size() ? modules[i + 1].ptr() : nullptr;
+      std::string where = fmt::format("{}-{}", i, i + 1);
+      if (options_.relu_max_pool() && is<nn::ReLUImpl>(layer) && is<nn::MaxPool2dImpl>(next)) {
+        auto pool = std::dynamic_pointer_cast<nn::MaxPool2dImpl>(next);
+        std::string reason = pool_unsupported(pool->options);
+        if (reason.empty()) {
+          out->push_back(nn::Identity());
+          out->push_back(ReluMaxPool2d(ReluMaxPool2dOptions((*pool->options.kernel_size())[0])));
+          result_.fused.push_back("layers " + where + ": ReLU + MaxPool2d -> ReluMaxPool2d");
+          ++i;
+          continue;
+        }
+        result_.notices.push_back("fuse: layers " + where + " (ReLU + MaxPool2d) left unfused: " + reason);
+      }
+      if (options_.linear_relu() && is<nn::LinearImpl>(layer) && is<nn::ReLUImpl>(next)) {
+        out->push_back(LinearReLUImpl::from_linear(nn::Linear(std::dynamic_pointer_cast<nn::LinearImpl>(layer))));
+        out->push_back(nn::Identity());
+        result_.fused.push_back("layers " + where + ": Linear + ReLU -> LinearReLU");
+        ++i;
+        continue;
+      }
+      out->push_back(modules[i]);
+    }
+    return out;
+  }
+
+ private:
+  template <typename Impl>
+  static bool is(const std::shared_ptr<nn::Module>& module) {
+    return module && std::dynamic_pointer_cast<Impl>(module) != nullptr;
+  }
+
+  const FuseOptions& options_;
+  FuseResult& result_;
+};
+
+}  // namespace
+
+FuseResult fuse(const torch::nn::Sequential& model, const FuseOptions& options) {
+  FuseResult result;
+  result.model = Rewriter(options, result).rewrite(model);
+  return result;
+}
+
+}  // namespace afterburner::kernels

@@ -1,0 +1,76 @@
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "afterburner/kernels/fuse.h"
+#include "testing.h"
+
+namespace afterburner::kernels {
+namespace nn = torch::nn;
+namespace {
+
+// The zoo's cnn, written out here because the kernels tests do not link the models area.
+nn::Sequential cnn() {
+  return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)), nn::ReLU(),
+                        nn::MaxPool2d(nn::MaxPool2dOptions(2)), nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)),
+                        nn::ReLU(), nn::MaxPool2d(nn::MaxPool2dOptions(2)), nn::Flatten(), nn::Linear(3136, 128),
+                        nn::ReLU(), nn::Linear(128, 10));
+}
+
+std::vector<std::string> names(const nn::Module& model) {
+  std::vector<std::string> out;
+  for (const auto& p : model.named_parameters()) out.push_back(p.key());
+  return out;
+}
+
+}  // namespace
+
+TEST(Fuse, CnnIsRewrittenOntoFusedOpsKeepingParameterNames) {
+  auto model = cnn();
+  auto result = fuse(model);
+  EXPECT_EQ(result.fused.size(), 3u);  // two ReLU + MaxPool2d, one Linear + ReLU
+  EXPECT_TRUE(result.notices.empty());
+  EXPECT_EQ(result.model->size(), model->size());
+  EXPECT_EQ(names(*result.model), names(*model));
+  auto a = model->parameters(), b = result.model->parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].is_same(b[i])) << "parameter " << i << " is not shared";
+}
+
+TEST(Fuse, FusedModelComputesTheSameValuesAndGradients) {
+  torch::manual_seed(0);
+  auto model = cnn();
+  auto fused = fuse(model).model;
+  auto x = torch::randn({4, 1, 28, 28});
+  auto expected = model->forward(x);
+  expected.square().sum().backward();
+  std::vector<torch::Tensor> expected_grads;
+  for (auto& p : model->parameters()) expected_grads.push_back(p.grad().clone());
+  model->zero_grad();
+  auto actual = fused->forward(x);
+  actual.square().sum().backward();
+  EXPECT_TRUE(torch::allclose(actual, expected, 1e-5, 1e-5));
+  auto params = fused->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(params[i].grad(), expected_grads[i], 1e-4, 1e-5)) << "parameter " << i;
+  }
+}
+
+TEST(Fuse, UnsupportedPoolingIsLeftAloneWithANotice) {
+  nn::Sequential model(nn::ReLU(), nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2)), nn::Flatten());
+  auto result = fuse(model);
+  EXPECT_TRUE(result.fused.empty());
+  ASSERT_EQ(result.notices.size(), 1u);
+  EXPECT_TRUE(testing::Contains(result.notices[0], "0-1"));
+  EXPECT_TRUE(testing::Contains(result.notices[0], "stride"));
+  EXPECT_EQ(result.notices[0].find('\n'), std::string::npos);
+  auto x = torch::randn({2, 3, 9, 9});
+  EXPECT_TRUE(torch::equal(result.model->forward(x), model->forward(x)));
+}
+
+TEST(Fuse, OptionsTurnEachRewriteOff) {
+  auto result = fuse(cnn(), FuseOptions().relu_max_pool(false));
+  EXPECT_EQ(result.fused.size(), 1u);
+  result = fuse(cnn(), FuseOptions().linear_relu(false).relu_max_pool(false));
+  EXPECT_TRUE(result.fused.empty());
+}
+
+}  // namespace afterburner::kernels
