@@ -1,5 +1,7 @@
 #include "config_options.h"
 
+#include <algorithm>
+
 namespace afterburner::tools {
 
 ConfigOptions::ConfigOptions(CLI::App* command, const train::TrainConfig& defaults)
