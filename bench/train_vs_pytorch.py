@@ -4,9 +4,9 @@ alternating A B A B in one run so both see the same machine, then medians, sprea
 ratio of afterburner to PyTorch training samples/s per precision.
 
     /usr/bin/python3 bench/train_vs_pytorch.py [--build build] [--reps 3] [--precisions fp32,bf16]
-        [--model cnn] [--epochs 1] [--max-steps 0] [--extra "--no-channels-last"]
+        [--model cnn] [--epochs 1] [--batch-size 128] [--max-steps 0] [--extra "--no-channels-last"]
 
-Both runs: batch 128, SGD momentum 0.9, weight decay 5e-4, 2 threads, training samples/s over
+Both runs: batch 128 unless --batch-size, SGD momentum 0.9, weight decay 5e-4, 2 threads, training samples/s over
 training steps only (data wait included, evaluation excluded). PyTorch uses its DataLoader with
 2 workers; afterburner its own loader with its default worker count.
 """
@@ -32,7 +32,7 @@ def run_json(command, report):
 
 def afterburner(args, precision, report):
     command = [str(Path(args.build) / "afterburner"), "train", "--model", args.model,
-               "--precision", precision, "--epochs", str(args.epochs), "--batch-size", "128",
+               "--precision", precision, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
                "--threads", "2", "--progress", "none", "--report", report]
     if args.max_steps:
         command += ["--max-steps", str(args.max_steps)]
@@ -41,7 +41,7 @@ def afterburner(args, precision, report):
 
 def pytorch(args, precision, report):
     command = ["/usr/bin/python3", str(HERE / "pytorch_train.py"), "--model", args.model,
-               "--precision", precision, "--epochs", str(args.epochs), "--batch-size", "128",
+               "--precision", precision, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
                "--threads", "2", "--workers", "2", "--report", report]
     if args.max_steps:
         command += ["--max-steps", str(args.max_steps)]
@@ -59,6 +59,7 @@ def main():
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--max-steps", type=int, default=0)
     parser.add_argument("--extra", default="", help="extra flags for afterburner train")
     args = parser.parse_args()
@@ -83,7 +84,8 @@ def main():
             print(f"  pytorch      {spread(theirs)}   test acc {statistics.median(acc_theirs):.4f}"
                   f"   peak RSS {statistics.median(rss_theirs):.0f} MB (main + largest worker)")
             print(f"  ratio        median {statistics.median(ratios):.2f}x  min {min(ratios):.2f}x"
-                  f"  max {max(ratios):.2f}x (pair by pair)")
+                  f"  max {max(ratios):.2f}x (pair by pair)"
+                  f"   peak RSS {statistics.median(rss_ours) / statistics.median(rss_theirs):.0%} of PyTorch's")
             sys.stdout.flush()
 
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "afterburner/kernels/gemm.h"
 
 namespace afterburner::kernels {
 namespace {
@@ -23,7 +24,7 @@ struct LinearReLUFunction : torch::autograd::Function<LinearReLUFunction> {
   // The bias is optional rather than an undefined tensor: autograd Functions take no undefined inputs.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
                                const c10::optional<torch::Tensor>& bias) {
-    torch::Tensor y = bias ? at::addmm(*bias, x, weight.t()) : at::mm(x, weight.t());
+    torch::Tensor y = bias ? kernels::addmm(*bias, x, weight.t()) : kernels::mm(x, weight.t());
     y.relu_();
     ctx->saved_data["has_bias"] = bias.has_value();
     // dL/dW needs only x and dL/dx only W: keep each only when the other will be asked for.
@@ -39,8 +40,8 @@ struct LinearReLUFunction : torch::autograd::Function<LinearReLUFunction> {
     const torch::Tensor& weight = saved[2];
     const torch::Tensor g = at::threshold_backward(grad_outputs[0], y, 0);
     torch::Tensor grad_x, grad_weight, grad_bias;
-    if (ctx->needs_input_grad(0)) grad_x = g.mm(weight);
-    if (ctx->needs_input_grad(1)) grad_weight = g.t().mm(x);
+    if (ctx->needs_input_grad(0)) grad_x = kernels::mm(g, weight);
+    if (ctx->needs_input_grad(1)) grad_weight = kernels::mm(g.t(), x);
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = g.sum(0);
     return {grad_x, grad_weight, grad_bias};
   }

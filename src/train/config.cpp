@@ -155,6 +155,8 @@ std::vector<ConfigField> make_fields() {
       flag("augment", "random crop with 2 pixels of padding on training batches", &TrainConfig::augment),
       flag("fuse", "fused training ops (ReLU+max-pool, Linear+ReLU, cross-entropy)", &TrainConfig::fuse),
       flag("channels_last", "keep image batches and conv weights channels_last", &TrainConfig::channels_last),
+      flag("keep_freed_memory", "keep freed memory in the process for the next step instead of returning it to the OS",
+           &TrainConfig::keep_freed_memory),
       layer_list_field(),
       text("checkpoint_dir", "directory for checkpoints (empty = none)", &TrainConfig::checkpoint_dir),
       integer("checkpoint_every", "also checkpoint every N optimizer steps (0 = epoch ends only)",

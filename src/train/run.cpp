@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "afterburner/core/error.h"
+#include "afterburner/core/heap.h"
 #include "afterburner/core/threads.h"
 #include "afterburner/data/idx.h"
 #include "afterburner/data/loader.h"
@@ -103,6 +104,9 @@ TrainReport run_training(const TrainConfig& config) {
   const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   const Precision precision = resolve_precision(config.precision, device);
   profile::TensorMemory::install();
+  if (config.keep_freed_memory && !keep_freed_memory()) {
+    fmt::print(stderr, "afterburner: this C library cannot keep freed memory; --keep-freed-memory has no effect\n");
+  }
   torch::manual_seed(config.seed);
 
   auto train_set = data::load_mnist(config.data, data::Split::train);

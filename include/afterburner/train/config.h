@@ -36,6 +36,7 @@ struct TrainConfig {
   bool augment = true;             // random crop with 2 pixels of padding
   bool fuse = true;                // afterburner's fused ops, loss and optimizer step
   bool channels_last = false;     // measured slower end to end for cnn here (BENCHMARKS.md)
+  bool keep_freed_memory = true;   // core/heap.h
   std::vector<int64_t> checkpoint_layers;  // activation checkpointing of these layer indices
   std::string checkpoint_dir;      // empty = no checkpoints
   int64_t checkpoint_every = 0;    // steps; 0 = at epoch ends only

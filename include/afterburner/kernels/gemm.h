@@ -1,0 +1,23 @@
+// Matrix products for the fused layers' forward and backward, in fp32 on oneDNN's GEMM.
+// LibTorch sends fp32 matmuls to OpenBLAS, whose own thread pool then competes with the OpenMP
+// pool every convolution and fused kernel runs on: on 2 cores a 128x3136x128 product took
+// 1.4-4.3 ms interleaved with convolutions against 0.4-0.5 ms on oneDNN, which shares that pool.
+// Other dtypes (bf16 under autocast already runs on oneDNN) and strides it cannot express go
+// to at::mm unchanged. No autograd: call these inside autograd functions.
+//
+//   namespace kernels = afterburner::kernels;
+//   torch::Tensor y = kernels::addmm(bias, x, weight.t());   // == at::addmm(bias, x, weight.t())
+//   torch::Tensor grad_weight = kernels::mm(g.t(), x);        // == at::mm(g.t(), x)
+#pragma once
+
+#include <torch/types.h>
+
+namespace afterburner::kernels {
+
+// a [M, K] times b [K, N].
+torch::Tensor mm(const torch::Tensor& a, const torch::Tensor& b);
+
+// bias [N] added to every row of a [M, K] times b [K, N].
+torch::Tensor addmm(const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b);
+
+}  // namespace afterburner::kernels
