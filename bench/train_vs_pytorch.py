@@ -23,8 +23,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def run_json(command, report):
-    result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def run_json(command, report, env=None):
+    result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     if result.returncode != 0:
         sys.exit(f"failed ({result.returncode}): {shlex.join(command)}\n{result.stderr}")
     return json.loads(Path(report).read_text())

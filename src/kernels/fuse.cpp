@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/nn/modules.h>
 
+#include "afterburner/kernels/conv_relu.h"
 #include "afterburner/kernels/linear_relu.h"
 #include "afterburner/kernels/relu_maxpool.h"
 
@@ -20,16 +21,22 @@ std::string pool_unsupported(const nn::MaxPool2dOptions& o) {
   return "";
 }
 
+bool fusable_pool(const std::shared_ptr<nn::Module>& module) {
+  auto pool = std::dynamic_pointer_cast<nn::MaxPool2dImpl>(module);
+  return pool && pool_unsupported(pool->options).empty();
+}
+
 class Rewriter {
  public:
   Rewriter(const FuseOptions& options, FuseResult& result) : options_(options), result_(result) {}
 
   nn::Sequential rewrite(const nn::Sequential& model) {
     std::vector<nn::AnyModule> modules(model->begin(), model->end());
+    auto at = [&](size_t i) { return i < modules.size() ? modules[i].ptr() : nullptr; };
     nn::Sequential out;
     for (size_t i = 0; i < modules.size(); ++i) {
       auto layer = modules[i].ptr();
-      auto next = i + 1 < modules.size() ? modules[i + 1].ptr() : nullptr;
+      auto next = at(i + 1);
       std::string where = fmt::format("{}-{}", i, i + 1);
       if (options_.relu_max_pool() && is<nn::ReLUImpl>(layer) && is<nn::MaxPool2dImpl>(next)) {
         auto pool = std::dynamic_pointer_cast<nn::MaxPool2dImpl>(next);
@@ -42,6 +49,19 @@ class Rewriter {
           continue;
         }
         result_.notices.push_back("fuse: layers " + where + " (ReLU + MaxPool2d) left unfused: " + reason);
+      }
+      if (options_.conv_relu() && is<nn::Conv2dImpl>(layer) && is<nn::ReLUImpl>(next) &&
+          !(options_.relu_max_pool() && fusable_pool(at(i + 2)))) {
+        auto conv = nn::Conv2d(std::dynamic_pointer_cast<nn::Conv2dImpl>(layer));
+        std::string reason = conv_relu_unsupported(conv);
+        if (reason.empty()) {
+          out->push_back(Conv2dReLUImpl::from_conv(conv));
+          out->push_back(nn::Identity());
+          result_.fused.push_back("layers " + where + ": Conv2d + ReLU -> Conv2dReLU");
+          ++i;
+          continue;
+        }
+        result_.notices.push_back("fuse: layers " + where + " (Conv2d + ReLU) left unfused: " + reason);
       }
       if (options_.linear_relu() && is<nn::LinearImpl>(layer) && is<nn::ReLUImpl>(next)) {
         out->push_back(LinearReLUImpl::from_linear(nn::Linear(std::dynamic_pointer_cast<nn::LinearImpl>(layer))));

@@ -66,10 +66,37 @@ TEST(Fuse, UnsupportedPoolingIsLeftAloneWithANotice) {
   EXPECT_TRUE(torch::equal(result.model->forward(x), model->forward(x)));
 }
 
+// A ReLU between a convolution and a fusable pooling goes with the pooling (pooling first
+// leaves a quarter of the values to ReLU); any other Conv2d + ReLU becomes a Conv2dReLU.
+TEST(Fuse, ConvReluUnlessTheReluFusesWithAPool) {
+  torch::manual_seed(5);
+  nn::Sequential model(nn::Conv2d(nn::Conv2dOptions(3, 8, 3).padding(1)), nn::ReLU(),
+                       nn::Conv2d(nn::Conv2dOptions(8, 8, 3).padding(1)), nn::ReLU(), nn::MaxPool2d(nn::MaxPool2dOptions(2)));
+  auto result = fuse(model);
+  ASSERT_EQ(result.fused.size(), 2u);
+  EXPECT_EQ(result.fused[0], "layers 0-1: Conv2d + ReLU -> Conv2dReLU");
+  EXPECT_EQ(result.fused[1], "layers 3-4: ReLU + MaxPool2d -> ReluMaxPool2d");
+  EXPECT_EQ(names(*result.model), names(*model));
+  auto x = torch::randn({2, 3, 8, 8});
+  EXPECT_TRUE(torch::allclose(result.model->forward(x), model->forward(x), 1e-5, 1e-5));
+}
+
+TEST(Fuse, UnsupportedConvIsLeftAloneWithANotice) {
+  nn::Sequential model(nn::Conv2d(nn::Conv2dOptions(3, 4, 3).padding(1).padding_mode(torch::kCircular)), nn::ReLU());
+  auto result = fuse(model);
+  EXPECT_TRUE(result.fused.empty());
+  ASSERT_EQ(result.notices.size(), 1u);
+  EXPECT_TRUE(testing::Contains(result.notices[0], "layers 0-1 (Conv2d + ReLU) left unfused: only zero padding"));
+  auto x = torch::randn({1, 3, 6, 6});
+  EXPECT_TRUE(torch::equal(result.model->forward(x), model->forward(x)));
+}
+
 TEST(Fuse, OptionsTurnEachRewriteOff) {
   auto result = fuse(cnn(), FuseOptions().relu_max_pool(false));
-  EXPECT_EQ(result.fused.size(), 1u);
+  EXPECT_EQ(result.fused.size(), 3u);  // without pooling fusion, each Conv2d + ReLU fuses
   result = fuse(cnn(), FuseOptions().linear_relu(false).relu_max_pool(false));
+  EXPECT_EQ(result.fused.size(), 2u);
+  result = fuse(cnn(), FuseOptions().linear_relu(false).relu_max_pool(false).conv_relu(false));
   EXPECT_TRUE(result.fused.empty());
 }
 

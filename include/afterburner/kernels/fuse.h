@@ -18,6 +18,9 @@ namespace afterburner::kernels {
 struct FuseOptions {
   TORCH_ARG(bool, relu_max_pool) = true;  // ReLU, MaxPool2d  ->  Identity, ReluMaxPool2d
   TORCH_ARG(bool, linear_relu) = true;    // Linear, ReLU     ->  LinearReLU, Identity
+  // Conv2d, ReLU -> Conv2dReLU, Identity; not where the ReLU fuses with a following MaxPool2d,
+  // which pools first and so applies ReLU to a quarter of the values.
+  TORCH_ARG(bool, conv_relu) = true;
 };
 
 struct FuseResult {

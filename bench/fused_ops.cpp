@@ -1,10 +1,12 @@
 // Forward+backward time of the fused kernels against the torch ops they replace, at the zoo's
 // shapes: linear_relu vs torch::relu(torch::linear(...)) for the cnn's fc1 (batch 128,
-// 3136->128) and the mlp's hidden layers (batch 256, 784->1024 and 1024->1024); cross_entropy
-// vs torch::nn::functional::cross_entropy for batch 128 and 256 with 10 and 1000 classes. Each
-// in fp32 and under bf16 autocast (entered and left every step, as training does).
+// 3136->128) and the mlp's hidden layers (batch 256, 784->1024 and 1024->1024); Conv2dReLU vs
+// Conv2d then ReLU for the cnn's two convolutions (batch 128); cross_entropy vs
+// torch::nn::functional::cross_entropy for batch 128 and 256 with 10 and 1000 classes. Each in
+// fp32 and under bf16 autocast (entered and left every step, as training does), with freed
+// memory kept in the heap as `afterburner train` keeps it.
 //
-//   bench_fused_linear [--reps N] [--threads N]
+//   bench_fused_ops [--reps N] [--threads N]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,7 +17,9 @@
 
 #include "afterburner/core/blas.h"
 #include "afterburner/core/error.h"
+#include "afterburner/core/heap.h"
 #include "afterburner/core/threads.h"
+#include "afterburner/kernels/conv_relu.h"
 #include "afterburner/kernels/cross_entropy.h"
 #include "afterburner/kernels/linear_relu.h"
 #include "afterburner/train/precision.h"
@@ -109,6 +113,26 @@ void bench_linear(const LinearShape& shape, Precision precision, int reps) {
   compare(label, forward_backward(fused, inputs, precision), forward_backward(torch_ops, inputs, precision), reps);
 }
 
+struct ConvShape {
+  std::string name;
+  int64_t batch, in_channels, out_channels, size;
+  bool input_requires_grad;  // false for a model's first layer
+};
+
+void bench_conv_relu(const ConvShape& shape, Precision precision, int reps) {
+  namespace kernels = afterburner::kernels;
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(shape.in_channels, shape.out_channels, 3).padding(1));
+  kernels::Conv2dReLU fused_conv = kernels::Conv2dReLUImpl::from_conv(conv);
+  const torch::Tensor x =
+      torch::randn({shape.batch, shape.in_channels, shape.size, shape.size}).requires_grad_(shape.input_requires_grad);
+  std::vector<torch::Tensor> inputs{conv->weight, conv->bias};
+  if (shape.input_requires_grad) inputs.push_back(x);
+  const Forward fused = [=]() mutable { return fused_conv->forward(x); };
+  const Forward torch_ops = [=]() mutable { return torch::relu(conv->forward(x)); };
+  const std::string label = "conv_relu " + shape.name + " " + afterburner::train::to_string(precision);
+  compare(label, forward_backward(fused, inputs, precision), forward_backward(torch_ops, inputs, precision), reps);
+}
+
 void bench_cross_entropy(int64_t batch, int64_t classes, Precision precision, int reps) {
   // Logits as the model hands them over: bf16 when its last layer ran under autocast.
   const auto dtype = precision == Precision::bf16 ? torch::kBFloat16 : torch::kFloat;
@@ -126,6 +150,7 @@ void bench_cross_entropy(int64_t batch, int64_t classes, Precision precision, in
 int main(int argc, char** argv) try {
   const Settings settings = parse(argc, argv);
   afterburner::ThreadsGuard threads(settings.threads);
+  afterburner::keep_freed_memory();
   torch::manual_seed(0);
   const afterburner::BlasInfo blas = afterburner::detect_blas();
   std::printf("forward+backward, %d threads, %d reps, BLAS %s; median [min, max]\n", settings.threads, settings.reps,
@@ -136,6 +161,11 @@ int main(int argc, char** argv) try {
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
     for (const auto& shape : shapes) bench_linear(shape, precision, settings.reps);
   }
+  const std::vector<ConvShape> convolutions{{"cnn conv1 128x1->32 28x28", 128, 1, 32, 28, false},
+                                            {"cnn conv2 128x32->64 14x14", 128, 32, 64, 14, true}};
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    for (const auto& shape : convolutions) bench_conv_relu(shape, precision, settings.reps);
+  }
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
     for (int64_t classes : {10, 1000}) {
       for (int64_t batch : {128, 256}) bench_cross_entropy(batch, classes, precision, settings.reps);
@@ -143,6 +173,6 @@ int main(int argc, char** argv) try {
   }
   return 0;
 } catch (const afterburner::Error& e) {
-  std::fprintf(stderr, "bench_fused_linear: %s\n", e.what());
+  std::fprintf(stderr, "bench_fused_ops: %s\n", e.what());
   return e.exit_code();
 }
