@@ -18,4 +18,10 @@ bool keep_freed_memory() {
 #endif
 }
 
+void release_freed_memory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 }  // namespace afterburner

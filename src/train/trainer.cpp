@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "afterburner/core/error.h"
+#include "afterburner/core/heap.h"
 #include "afterburner/kernels/flat_optim.h"
 #include "afterburner/profile/memory.h"
 
@@ -112,6 +113,7 @@ StepInfo Trainer::step_info(int64_t epoch, int64_t samples, double loss) const {
 }
 
 EvalResult Trainer::evaluate() {
+  release_freed_memory();  // the training steps' cached blocks would stack under evaluation's
   torch::InferenceMode inference;
   model_->eval();
   EvalResult result;

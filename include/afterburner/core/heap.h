@@ -6,12 +6,20 @@
 // anew. A 6 MB convolution output took 5.1 ms per call that way against 2.3 ms with the memory
 // kept (BENCHMARKS.md). Peak resident memory stays what the peak step needs.
 //
-//   afterburner::keep_freed_memory();   // once, before the first training step
+// Between phases whose working sets differ (training steps, then a large evaluation batch),
+// release_freed_memory() hands what the heap keeps back to the OS, so the next phase's peak does
+// not stack on top of the last one's.
+//
+//   afterburner::keep_freed_memory();     // once, before the first training step
+//   afterburner::release_freed_memory();  // before evaluating
 #pragma once
 
 namespace afterburner {
 
 // Process-wide and permanent. Returns false where the C library offers no such setting.
 bool keep_freed_memory();
+
+// Returns the heap's free memory to the OS now (a no-op where the C library cannot).
+void release_freed_memory();
 
 }  // namespace afterburner
