@@ -4,7 +4,7 @@ target_include_directories(afterburner_deps INTERFACE
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> ${DNNL_INCLUDE_DIR})
 target_link_libraries(afterburner_deps INTERFACE
   ${TORCH_LIBRARIES} ${DNNL_LIBRARY} OpenMP::OpenMP_CXX Threads::Threads ZLIB::ZLIB ${CMAKE_DL_LIBS}
-  nlohmann_json::nlohmann_json fmt::fmt tomlplusplus::tomlplusplus)
+  nlohmann_json::nlohmann_json fmt::fmt tomlplusplus::tomlplusplus simdjson::simdjson Boost::headers)
 target_compile_options(afterburner_deps INTERFACE -Wall -Wextra -Wno-unused-parameter)
 
 # The torch headers dominate compile time: one precompiled header, reused by every area,

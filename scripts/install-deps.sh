@@ -8,6 +8,7 @@ packages=(
   libtorch-dev libopenblas0-pthread libgloo-dev libdnnl-dev
   libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libtomlplusplus-dev zlib1g-dev
+  libboost-dev libsimdjson-dev wrk
   python3-torch python3-numpy
   dataset-fashion-mnist
 )

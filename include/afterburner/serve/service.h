@@ -1,0 +1,47 @@
+// The seam between the HTTP layer and the models: one call per Open Inference Protocol v2
+// route. The HTTP server (serve/http_server.h) parses requests and writes replies and never
+// looks inside a tensor; a Service (serve/model_service.h) owns the models, the batchers and
+// the metrics and never touches a socket.
+//
+//   afterburner::serve::ModelService models(afterburner::serve::load_repository("models/"));
+//   afterburner::serve::HttpServer server(models, afterburner::serve::HttpOptions().port(8000));
+//   server.run();                       // until stop() or SIGTERM
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace afterburner::serve {
+
+struct Reply {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;  // errors: {"error": "<one line>"}
+  std::vector<std::pair<std::string, std::string>> headers;  // e.g. Inference-Header-Content-Length
+};
+
+// Called exactly once per request, possibly from another thread.
+using ReplyCallback = std::function<void(Reply)>;
+
+class Service {
+ public:
+  virtual ~Service() = default;
+
+  virtual bool live() const = 0;
+  virtual bool ready() const = 0;  // every model loaded and warmed up
+  virtual Reply server_metadata() const = 0;                      // GET /v2
+  virtual Reply model_metadata(std::string_view model) const = 0;  // GET /v2/models/{name}
+  virtual Reply model_ready(std::string_view model) const = 0;     // GET /v2/models/{name}/ready
+  // POST /v2/models/{name}/infer. `json_length` is the Inference-Header-Content-Length header
+  // (binary tensor extension): the JSON part is body[0, json_length), binary data follows.
+  virtual void infer(std::string_view model, std::string body, std::optional<std::size_t> json_length,
+                     ReplyCallback reply) = 0;
+  virtual std::string metrics() const = 0;  // GET /metrics, Prometheus text format
+};
+
+}  // namespace afterburner::serve
