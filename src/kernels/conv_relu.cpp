@@ -1,14 +1,13 @@
 #include "afterburner/kernels/conv_relu.h"
 
-#include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
 
-#include <array>
 #include <memory>
 #include <variant>
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "autocast_argument.h"
 
 namespace afterburner::kernels {
 namespace {
@@ -50,12 +49,6 @@ struct Conv2dReLUFunction : torch::autograd::Function<Conv2dReLUFunction> {
     return {grad_x, grad_weight, grad_bias, {}, {}, {}, {}};
   }
 };
-
-// What CPU autocast does to conv2d's arguments (a no-op outside autocast and for doubles).
-torch::Tensor autocast_argument(const torch::Tensor& tensor) {
-  if (!at::autocast::is_cpu_enabled()) return tensor;
-  return at::autocast::cached_cast(at::autocast::get_autocast_cpu_dtype(), tensor, c10::DeviceType::CPU);
-}
 
 std::vector<int64_t> explicit_padding(const Conv2dReLUOptions& options) {
   using std::get;

@@ -1,6 +1,5 @@
 #include "afterburner/kernels/linear_relu.h"
 
-#include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
 #include <torch/nn/init.h>
 
@@ -11,6 +10,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/kernels/gemm.h"
+#include "autocast_argument.h"
 
 namespace afterburner::kernels {
 namespace {
@@ -61,13 +61,6 @@ void check_shapes(const torch::Tensor& x, const torch::Tensor& weight, const tor
     throw UsageError("linear_relu bias", "expected [" + std::to_string(weight.size(0)) + "] to match weight " +
                                              shape(weight) + ", got " + shape(bias));
   }
-}
-
-// What CPU autocast does to linear's arguments (a no-op outside autocast and for doubles);
-// the cast is recorded by autograd, so gradients reach the original tensors in their dtype.
-torch::Tensor autocast_argument(const torch::Tensor& tensor) {
-  if (!at::autocast::is_cpu_enabled()) return tensor;
-  return at::autocast::cached_cast(at::autocast::get_autocast_cpu_dtype(), tensor, c10::DeviceType::CPU);
 }
 
 }  // namespace
