@@ -153,7 +153,7 @@ std::vector<ConfigField> make_fields() {
       number("clip_grad_norm", "clip the global gradient norm to this (0 = off)", &TrainConfig::clip_grad_norm, 0, inf),
       number("clip_grad_value", "clip each gradient entry to +-this (0 = off)", &TrainConfig::clip_grad_value, 0, inf),
       flag("augment", "random crop with 2 pixels of padding on training batches", &TrainConfig::augment),
-      flag("fuse", "fused training ops (ReLU+max-pool, Linear+ReLU, cross-entropy)", &TrainConfig::fuse),
+      flag("fuse", "fused training ops (ReLU+max-pool, Linear+ReLU, Conv2d+ReLU, cross-entropy, flat optimizer)", &TrainConfig::fuse),
       flag("channels_last", "keep image batches and conv weights channels_last", &TrainConfig::channels_last),
       flag("keep_freed_memory", "keep freed memory in the process for the next step instead of returning it to the OS",
            &TrainConfig::keep_freed_memory),

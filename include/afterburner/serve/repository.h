@@ -1,0 +1,62 @@
+// A model repository: one directory per model, each with a TOML config and a TorchScript file.
+//
+//   models/cnn/config.toml     max_batch_size = 64, max_queue_delay_us = 2000, [[input]] ...
+//   models/cnn/model.pt        torch.jit.save / models::export_torchscript
+//
+//   auto repository = afterburner::serve::load_repository("models");
+//   for (const auto& model : repository.models) std::cout << model.name << "\n";
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace afterburner::serve {
+
+// The Open Inference Protocol tensor datatypes afterburner serves (BYTES is not one of them).
+enum class DataType { BOOL, UINT8, INT8, INT16, INT32, INT64, FP16, FP32, FP64 };
+
+std::string_view datatype_name(DataType type);
+std::optional<DataType> parse_datatype(std::string_view name);
+std::size_t datatype_size(DataType type);  // bytes per element
+
+struct TensorSpec {
+  std::string name;
+  DataType datatype = DataType::FP32;
+  std::vector<int64_t> dims;  // per sample, without the batch dimension; -1 = any size
+};
+
+struct ModelConfig {
+  std::string name;                    // the model's directory name
+  std::filesystem::path config_file;   // DIR/<name>/config.toml
+  std::filesystem::path model_file;    // DIR/<name>/model.pt
+  int64_t max_batch_size = 1;          // samples per forward
+  int64_t max_queue_delay_us = 0;      // longest wait for a fuller batch, from the oldest arrival
+  std::vector<int64_t> preferred_batch_sizes;  // ascending; a queue holding one runs at once
+  bool dynamic_batching = true;        // false: one request per forward
+  int64_t instances = 1;               // model copies, one worker thread each
+  int64_t max_queue_size = 0;          // queued requests before 503; 0 = 8 x max_batch_size x instances
+  int64_t timeout_us = 10'000'000;     // a request still queued after this fails without running
+  std::vector<TensorSpec> inputs;
+  std::vector<TensorSpec> outputs;
+
+  int64_t queue_capacity() const;
+};
+
+// Reads DIR/<name>/config.toml and checks that DIR/<name>/model.pt exists. Throws UsageError
+// naming the file and key for a bad or unknown key, DataError naming the file for a syntax
+// error or a missing model file.
+ModelConfig load_model_config(const std::filesystem::path& model_dir);
+
+struct Repository {
+  std::filesystem::path dir;
+  std::vector<ModelConfig> models;  // by name
+};
+
+// Every subdirectory of `dir` is a model. Throws DataError for a missing or empty repository.
+Repository load_repository(const std::filesystem::path& dir);
+
+}  // namespace afterburner::serve
