@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -82,6 +84,86 @@ acc_t online_logsumexp(const scalar_t* row, int64_t classes) {
   return max + std::log(sum);
 }
 
+// exp(v) for v <= 0 (or NaN) in float, with no libm call so that the loops around it vectorize:
+// v = n ln2 + r with n = round(v / ln2) and |r| <= ln2 / 2 (ln2 split into a part exact in float
+// and the rest, so n ln2 is subtracted without rounding), exp(r) by its degree-7 Taylor polynomial
+// (truncation below 1e-8 relative), times 2^n written straight into the exponent bits. Below -87.3
+// exp(v) is under float's smallest normal and the result is 0; NaN stays NaN.
+inline float exp_nonpositive(float v) {
+  const float x = v >= -87.3f ? v : -87.3f;                        // NaN too: restored at the end
+  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round to nearest via 1.5 * 2^23
+  const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+  float p = 1.0f / 5040;
+  for (const float coefficient : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = p * r + coefficient;
+  const int32_t exponent_bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_to_n;
+  std::memcpy(&two_to_n, &exponent_bits, sizeof two_to_n);
+  return v >= -87.3f ? p * two_to_n : (v != v ? v : 0.0f);
+}
+
+// bf16 <-> float by their bits (bf16 is the top half of a float, rounded to nearest even as
+// c10::BFloat16 does, NaN kept NaN): plain integer code that vectorizes, unlike the c10 conversions.
+inline float widen(float v) { return v; }
+inline float widen(c10::BFloat16 v) {
+  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+template <typename scalar_t>
+scalar_t narrow(float v);
+template <>
+inline float narrow<float>(float v) {
+  return v;
+}
+template <>
+inline c10::BFloat16 narrow<c10::BFloat16>(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  return c10::BFloat16(static_cast<uint16_t>(v != v ? 0x7FC0u : rounded), c10::BFloat16::from_bits());
+}
+
+// The same as online_logsumexp for float accumulation, in two vectorized passes: the maximum,
+// then sum_j exp(row_j - max). Rows whose maximum is not finite (all -inf or NaN, or a +inf) take
+// the one-pass scalar path, which handles them exactly.
+template <typename scalar_t>
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) float logsumexp_row(const scalar_t* row,
+                                                                                        int64_t classes) {
+  float max = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : max)
+  for (int64_t j = 0; j < classes; ++j) max = std::max(max, widen(row[j]));
+  if (!std::isfinite(max)) return online_logsumexp(row, classes);
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < classes; ++j) sum += exp_nonpositive(widen(row[j]) - max);
+  return max + std::log(sum);
+}
+
+// out_j = (exp(x_j - lse) - [j == target]) * scale for one row, vectorized for float accumulation.
+template <typename scalar_t>
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void softmax_minus_onehot_row(
+    const scalar_t* x, float lse, int64_t target, float scale, scalar_t* out, int64_t classes) {
+#pragma omp simd
+  for (int64_t j = 0; j < classes; ++j) out[j] = narrow<scalar_t>(exp_nonpositive(widen(x[j]) - lse) * scale);
+  out[target] = narrow<scalar_t>((exp_nonpositive(widen(x[target]) - lse) - 1.0f) * scale);
+}
+
+// Double logits keep libm's exp: the scalar one-pass forms.
+float logsumexp_of_row(const float* row, int64_t classes) { return logsumexp_row(row, classes); }
+float logsumexp_of_row(const c10::BFloat16* row, int64_t classes) { return logsumexp_row(row, classes); }
+double logsumexp_of_row(const double* row, int64_t classes) { return online_logsumexp(row, classes); }
+
+template <typename scalar_t>
+void gradient_of_row(const scalar_t* x, float lse, int64_t target, float scale, scalar_t* out, int64_t classes) {
+  softmax_minus_onehot_row(x, lse, target, scale, out, classes);
+}
+
+void gradient_of_row(const double* x, double lse, int64_t target, double scale, double* out, int64_t classes) {
+  for (int64_t j = 0; j < classes; ++j) out[j] = (std::exp(x[j] - lse) - static_cast<double>(j == target)) * scale;
+}
+
 // loss = (1/N) sum_i (lse_i - x[i, t_i]) with lse_i = log sum_j exp(x[i, j]); fills lse per row.
 torch::Tensor mean_nll(const torch::Tensor& logits, const torch::Tensor& target, torch::Tensor& logsumexp) {
   const int64_t rows = logits.size(0), classes = logits.size(1);
@@ -95,7 +177,7 @@ torch::Tensor mean_nll(const torch::Tensor& logits, const torch::Tensor& target,
     const auto add_rows = [&](int64_t begin, int64_t end, acc_t partial) {
       for (int64_t i = begin; i < end; ++i) {
         const scalar_t* row = x + i * classes;
-        lse[i] = online_logsumexp(row, classes);
+        lse[i] = logsumexp_of_row(row, classes);
         partial += lse[i] - static_cast<acc_t>(row[checked_target(t[i], i, classes)]);
       }
       return partial;
@@ -120,11 +202,7 @@ torch::Tensor mean_nll_gradient(const torch::Tensor& logits, const torch::Tensor
     scalar_t* out = grad.data_ptr<scalar_t>();
     at::parallel_for(0, rows, rows_per_task(classes), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t offset = i * classes;
-        for (int64_t j = 0; j < classes; ++j) {
-          const acc_t probability = std::exp(static_cast<acc_t>(x[offset + j]) - lse[i]);
-          out[offset + j] = static_cast<scalar_t>((probability - static_cast<acc_t>(j == t[i])) * scale);
-        }
+        gradient_of_row(x + i * classes, lse[i], t[i], scale, out + i * classes, classes);
       }
     });
   });
