@@ -15,5 +15,8 @@ struct Command {
 
 Command add_train_command(CLI::App& app);
 Command add_profile_command(CLI::App& app);
+Command add_optimize_command(CLI::App& app);
+Command add_serve_command(CLI::App& app);
+Command add_loadgen_command(CLI::App& app);
 
 }  // namespace afterburner::tools

@@ -12,7 +12,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "afterburner 0.1.0");
   std::vector<tools::Command> commands{tools::add_train_command(app),
-                                       tools::add_profile_command(app)};
+                                       tools::add_profile_command(app),
+                                       tools::add_optimize_command(app),
+                                       tools::add_serve_command(app),
+                                       tools::add_loadgen_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -35,10 +35,12 @@ struct ModelConfig {
   std::filesystem::path model_file;    // DIR/<name>/model.pt
   int64_t max_batch_size = 1;          // samples per forward
   int64_t max_queue_delay_us = 0;      // longest wait for a fuller batch, from the oldest arrival
-  std::vector<int64_t> preferred_batch_sizes;  // ascending; a queue holding one runs at once
+  std::vector<int64_t> preferred_batch_sizes;  // ascending; a queue prefix of one runs at once
   bool dynamic_batching = true;        // false: one request per forward
   int64_t instances = 1;               // model copies, one worker thread each
-  int64_t max_queue_size = 0;          // queued requests before 503; 0 = 8 x max_batch_size x instances
+  // Queued requests before 503. 0 = 2 x max_batch_size x instances: about two batches of
+  // waiting per instance, so that accepted requests keep their latency under overload.
+  int64_t max_queue_size = 0;
   int64_t timeout_us = 10'000'000;     // a request still queued after this fails without running
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;

@@ -1,0 +1,29 @@
+// TorchScript model files: loading with errors that name the file, and atomic writes.
+//
+//   auto model = afterburner::infer::load_model("cnn.pt");   // throws ModelError naming the file
+//   afterburner::infer::save_model(model, "cnn-opt.pt");     // tmp file + rename: all or nothing
+#pragma once
+
+#include <torch/csrc/jit/api/module.h>
+
+#include <string>
+
+#include "afterburner/core/error.h"
+
+namespace afterburner::infer {
+
+// A model file that is missing, is not TorchScript, or cannot be written.
+class ModelError : public Error {
+ public:
+  ModelError(const std::string& file, const std::string& problem) : Error(file + ": " + problem) {}
+};
+
+// Loads on the CPU. Throws ModelError naming `path` for a missing file, a file that is not a
+// TorchScript archive, or one whose code cannot be compiled; the message is one line.
+torch::jit::Module load_model(const std::string& path);
+
+// Writes to "<path>.tmp-<pid>" and renames it over `path`, so a reader never sees a partial
+// file and a failed write leaves `path` as it was. Throws ModelError naming `path`.
+void save_model(const torch::jit::Module& model, const std::string& path);
+
+}  // namespace afterburner::infer

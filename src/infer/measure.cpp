@@ -1,0 +1,71 @@
+#include "afterburner/infer/measure.h"
+
+#include <fmt/format.h>
+#include <torch/script.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "afterburner/core/error.h"
+
+namespace afterburner::infer {
+
+const SpeedPoint& Speed::best() const {
+  if (points.empty()) throw Error("measure: no batch sizes were measured");
+  return *std::max_element(points.begin(), points.end(), [](const auto& a, const auto& b) {
+    return a.samples_per_second < b.samples_per_second;
+  });
+}
+
+std::string describe(const SpeedPoint& point) {
+  return fmt::format("batch {}: {:.0f} samples/s, latency p50 {:.3f} ms, p99 {:.3f} ms ({} calls)",
+                     point.batch_size, point.samples_per_second, point.p50_ms, point.p99_ms, point.calls);
+}
+
+namespace {
+
+// Nearest-rank percentile of sorted values, q in [0, 1].
+double percentile(const std::vector<double>& sorted, double q) {
+  const auto rank = static_cast<size_t>(q * static_cast<double>(sorted.size() - 1) + 0.5);
+  return sorted[std::min(rank, sorted.size() - 1)];
+}
+
+SpeedPoint measure_batch(torch::jit::Module& model, const std::vector<int64_t>& sample_shape,
+                         int64_t batch_size, const MeasureOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<int64_t> shape{batch_size};
+  shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+  std::vector<torch::jit::IValue> input{torch::randn(shape)};
+  for (int i = 0; i < options.warmup_calls(); ++i) model.forward(input);
+
+  std::vector<double> latencies_ms;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(options.seconds_per_batch_size());
+  while (static_cast<int>(latencies_ms.size()) < options.min_calls() || Clock::now() < deadline) {
+    const auto start = Clock::now();
+    model.forward(input);
+    latencies_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  }
+  std::sort(latencies_ms.begin(), latencies_ms.end());
+  SpeedPoint point;
+  point.batch_size = batch_size;
+  point.p50_ms = percentile(latencies_ms, 0.5);
+  point.p99_ms = percentile(latencies_ms, 0.99);
+  point.samples_per_second = 1000.0 * static_cast<double>(batch_size) / point.p50_ms;
+  point.calls = static_cast<int>(latencies_ms.size());
+  return point;
+}
+
+}  // namespace
+
+Speed measure(torch::jit::Module& model, const std::vector<int64_t>& sample_shape, const MeasureOptions& options) {
+  if (options.batch_sizes().empty()) throw UsageError("batch_sizes", "no batch size to measure");
+  for (auto size : options.batch_sizes()) {
+    if (size < 1) throw UsageError("batch_sizes", fmt::format("{} is not a positive batch size", size));
+  }
+  c10::InferenceMode inference;
+  Speed speed;
+  for (auto size : options.batch_sizes()) speed.points.push_back(measure_batch(model, sample_shape, size, options));
+  return speed;
+}
+
+}  // namespace afterburner::infer

@@ -1,0 +1,501 @@
+#include "afterburner/serve/http_server.h"
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "afterburner/core/error.h"
+
+namespace afterburner::serve {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using Request = http::request<http::string_body>;
+
+constexpr std::size_t kReadChunk = 16 << 10;
+// How long a closing connection may keep sending what we will not read: closing a socket with
+// unread input resets it, and the reset can overtake the error response we just sent.
+constexpr std::chrono::milliseconds kLingerTimeout{1000};
+
+std::string_view view(beast::string_view text) { return {text.data(), text.size()}; }
+
+Reply error_reply(int status, const std::string& message) {
+  Reply reply;
+  reply.status = status;
+  reply.body = nlohmann::json{{"error", message}}.dump();
+  return reply;
+}
+
+Reply json_reply(const nlohmann::json& body) {
+  Reply reply;
+  reply.body = body.dump();
+  return reply;
+}
+
+struct Route {
+  enum Kind { not_found, live, ready, server_metadata, model_metadata, model_ready, infer, metrics } kind;
+  std::string_view model;
+};
+
+Route match_route(std::string_view target) {
+  std::string_view path = target.substr(0, target.find('?'));
+  if (path == "/v2/health/live") return {Route::live, {}};
+  if (path == "/v2/health/ready") return {Route::ready, {}};
+  if (path == "/v2") return {Route::server_metadata, {}};
+  if (path == "/metrics") return {Route::metrics, {}};
+  constexpr std::string_view models = "/v2/models/";
+  if (path.substr(0, models.size()) != models) return {Route::not_found, {}};
+  std::string_view rest = path.substr(models.size());
+  std::size_t slash = rest.find('/');
+  std::string_view model = rest.substr(0, slash);
+  if (model.empty()) return {Route::not_found, {}};
+  if (slash == std::string_view::npos) return {Route::model_metadata, model};
+  std::string_view action = rest.substr(slash);
+  if (action == "/ready") return {Route::model_ready, model};
+  if (action == "/infer") return {Route::infer, model};
+  return {Route::not_found, {}};
+}
+
+// Inference-Header-Content-Length: the JSON part's length, which must fit in the body.
+std::optional<std::size_t> parse_json_length(std::string_view text, std::size_t body_size) {
+  std::size_t value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value > body_size) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+class Session;
+
+// Everything the server shares between its io threads; HttpServer::Impl is this.
+class Server {
+ public:
+  Server(Service& service, HttpOptions options);
+
+  int port() const { return port_; }
+  void run();
+  void stop();
+
+  Service& service() { return service_; }
+  net::io_context& io() { return io_; }
+  const HttpOptions& options() const { return options_; }
+  bool stopping() const { return stopping_.load(); }
+  void forget(Session* session);
+  void count_response(int status);
+  std::string http_metrics() const;
+
+ private:
+  void accept();
+  void on_accept(beast::error_code error, tcp::socket socket);
+  void begin_stop();
+
+  Service& service_;
+  const HttpOptions options_;
+  std::atomic<bool> stopping_{false};
+
+  mutable std::mutex sessions_mutex_;
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;
+  mutable std::mutex responses_mutex_;
+  std::map<int, std::uint64_t> responses_by_status_;
+
+  // Declared after the registry: destroying the io_context destroys pending handlers and the
+  // sessions they own, which then leave the registry.
+  net::io_context io_;
+  net::strand<net::io_context::executor_type> accept_strand_{io_.get_executor()};
+  tcp::acceptor acceptor_{accept_strand_};
+  net::steady_timer accept_retry_{accept_strand_};
+  int port_ = 0;
+};
+
+// One connection: read a request, answer it, repeat while keep-alive. All on its own strand;
+// only the service's reply arrives from elsewhere, posted back onto the strand.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(Server& server, tcp::socket socket) : server_(server), socket_(std::move(socket)) {}
+  ~Session() { server_.forget(this); }
+
+  void start() {
+    net::dispatch(socket_.get_executor(), [self = shared_from_this()] { self->await_request(); });
+  }
+
+  void reject() {
+    net::dispatch(socket_.get_executor(), [self = shared_from_this()] {
+      self->keep_alive_ = false;
+      self->write(error_reply(503, "too many connections (max_connections " +
+                                       std::to_string(self->server_.options().max_connections()) + ")"));
+    });
+  }
+
+  // Idle and half-received connections close; a request being answered is finished first.
+  void on_server_stop() {
+    net::dispatch(socket_.get_executor(), [self = shared_from_this()] {
+      if (self->state_ == State::idle || self->state_ == State::reading) self->close();
+    });
+  }
+
+ private:
+  enum class State { idle, reading, answering, writing, closing, closed };
+
+  void await_request() {
+    if (server_.stopping()) return close();
+    if (buffer_.size() > 0) return read_header();  // pipelined: the next request is already here
+    state_ = State::idle;
+    arm_deadline(server_.options().idle_timeout());
+    socket_.async_read_some(buffer_.prepare(kReadChunk),
+                            [self = shared_from_this()](beast::error_code error, std::size_t bytes) {
+                              self->buffer_.commit(bytes);
+                              if (error) return self->close();
+                              self->read_header();
+                            });
+  }
+
+  void read_header() {
+    state_ = State::reading;
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(server_.options().max_header_bytes()));
+    parser_->body_limit(server_.options().max_body_bytes());
+    arm_deadline(server_.options().read_timeout());
+    http::async_read_header(socket_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code error, std::size_t) {
+                              if (error) return self->on_read_error(error);
+                              self->continue_body();
+                            });
+  }
+
+  // curl and others send "Expect: 100-continue" before a large body and wait for the go-ahead.
+  void continue_body() {
+    const auto& request = parser_->get();
+    if (parser_->is_done() || !beast::iequals(request[http::field::expect], "100-continue")) return read_body();
+    static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    net::async_write(socket_, net::buffer(kContinue), [self = shared_from_this()](beast::error_code error, std::size_t) {
+      if (error) return self->close();
+      self->read_body();
+    });
+  }
+
+  void read_body() {
+    if (parser_->is_done()) return answer();
+    http::async_read(socket_, buffer_, *parser_, [self = shared_from_this()](beast::error_code error, std::size_t) {
+      if (error) return self->on_read_error(error);
+      self->answer();
+    });
+  }
+
+  void on_read_error(beast::error_code error) {
+    if (state_ == State::closed) return;
+    const auto& options = server_.options();
+    keep_alive_ = false;
+    if (timed_out_) {
+      return write(error_reply(408, "request not received within " + std::to_string(options.read_timeout().count()) + " ms"));
+    }
+    if (error == http::error::body_limit) {
+      return write(error_reply(413, "request body over " + std::to_string(options.max_body_bytes()) + " bytes"));
+    }
+    if (error == http::error::header_limit) {
+      return write(error_reply(431, "request header over " + std::to_string(options.max_header_bytes()) + " bytes"));
+    }
+    bool malformed = error.category() == http::make_error_code(http::error::bad_method).category() &&
+                     error != http::error::end_of_stream && error != http::error::partial_message;
+    if (!malformed) return close();  // the client went away
+    write(error_reply(400, "malformed HTTP request: " + error.message()));
+  }
+
+  void answer() {
+    state_ = State::answering;
+    disarm_deadline();
+    Request& request = parser_->get();
+    keep_alive_ = request.keep_alive();
+    Route route = match_route(view(request.target()));
+    if (route.kind == Route::not_found) {
+      return write(error_reply(404, "no route for " + std::string(request.target())));
+    }
+    http::verb method = route.kind == Route::infer ? http::verb::post : http::verb::get;
+    if (request.method() != method) {
+      Reply reply = error_reply(405, std::string(request.target()) + " takes " + std::string(http::to_string(method)));
+      reply.headers.emplace_back("Allow", std::string(http::to_string(method)));
+      return write(std::move(reply));
+    }
+    if (route.kind == Route::infer) return infer(route.model, request);
+    write(answer_query(route));
+  }
+
+  Reply answer_query(const Route& route) {
+    Service& service = server_.service();
+    try {
+      switch (route.kind) {
+        case Route::live:
+          return service.live() ? json_reply({{"live", true}}) : error_reply(503, "server is not live");
+        case Route::ready:
+          return service.ready() ? json_reply({{"ready", true}}) : error_reply(503, "server is not ready");
+        case Route::server_metadata: return service.server_metadata();
+        case Route::model_metadata: return service.model_metadata(route.model);
+        case Route::model_ready: return service.model_ready(route.model);
+        case Route::metrics: {
+          Reply reply;
+          reply.content_type = "text/plain; version=0.0.4";
+          reply.body = service.metrics() + server_.http_metrics();
+          return reply;
+        }
+        default: break;
+      }
+    } catch (const std::exception& e) {
+      return error_reply(500, e.what());
+    }
+    return error_reply(500, "unhandled route");
+  }
+
+  void infer(std::string_view model, Request& request) {
+    std::optional<std::size_t> json_length;
+    auto header = request.find("Inference-Header-Content-Length");
+    if (header != request.end()) {
+      json_length = parse_json_length(view(header->value()), request.body().size());
+      if (!json_length) {
+        return write(error_reply(400, "Inference-Header-Content-Length: '" + std::string(header->value()) +
+                                          "' is not a length within the " +
+                                          std::to_string(request.body().size()) + "-byte body"));
+      }
+    }
+    ReplyCallback reply = reply_callback();
+    try {
+      server_.service().infer(model, std::move(request.body()), json_length, reply);
+    } catch (const std::exception& e) {
+      reply(error_reply(500, e.what()));
+    }
+  }
+
+  // The service may answer from any thread, and must answer exactly once; a second answer (say
+  // an exception after the reply) is dropped. Until it answers, the io_context keeps running.
+  ReplyCallback reply_callback() {
+    struct Pending {
+      Pending(std::shared_ptr<Session> owner, net::io_context& io)
+          : session(std::move(owner)), work(net::make_work_guard(io)) {}
+      std::shared_ptr<Session> session;
+      net::executor_work_guard<net::io_context::executor_type> work;
+      std::atomic<bool> answered{false};
+    };
+    auto pending = std::make_shared<Pending>(shared_from_this(), server_.io());
+    return [pending](Reply reply) {
+      if (pending->answered.exchange(true)) return;
+      auto session = pending->session;
+      net::post(session->socket_.get_executor(),
+                [pending, reply = std::move(reply)]() mutable { pending->session->write(std::move(reply)); });
+    };
+  }
+
+  void write(Reply reply) {
+    if (state_ == State::closed) return;
+    state_ = State::writing;
+    server_.count_response(reply.status);
+    response_ = {};
+    response_.version(11);
+    response_.result(static_cast<unsigned>(reply.status));
+    response_.set(http::field::content_type, reply.content_type);
+    for (auto& [name, value] : reply.headers) response_.set(name, value);
+    response_.body() = std::move(reply.body);
+    response_.keep_alive(keep_alive_ && !server_.stopping());
+    response_.prepare_payload();
+    arm_deadline(server_.options().read_timeout());
+    http::async_write(socket_, response_, [self = shared_from_this()](beast::error_code error, std::size_t) {
+      if (error) return self->close();
+      if (!self->response_.keep_alive()) return self->linger_close();
+      self->await_request();
+    });
+  }
+
+  void linger_close() {
+    state_ = State::closing;
+    beast::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+    arm_deadline(std::min(kLingerTimeout, server_.options().read_timeout()));
+    discard_input();
+  }
+
+  void discard_input() {
+    buffer_.clear();
+    socket_.async_read_some(buffer_.prepare(kReadChunk), [self = shared_from_this()](beast::error_code error, std::size_t) {
+      if (error) return self->close();
+      self->discard_input();
+    });
+  }
+
+  void close() {
+    if (state_ == State::closed) return;
+    state_ = State::closed;
+    disarm_deadline();
+    beast::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+  }
+
+  // Cancelling (not closing) the socket on expiry leaves it open for a 408.
+  void arm_deadline(std::chrono::milliseconds timeout) {
+    timed_out_ = false;
+    deadline_.expires_after(timeout);
+    deadline_.async_wait([self = shared_from_this(), generation = ++deadline_generation_](beast::error_code error) {
+      if (error || generation != self->deadline_generation_) return;
+      self->timed_out_ = true;
+      beast::error_code ignored;
+      self->socket_.cancel(ignored);
+    });
+  }
+
+  void disarm_deadline() {
+    ++deadline_generation_;
+    deadline_.cancel();
+  }
+
+  Server& server_;
+  tcp::socket socket_;
+  net::steady_timer deadline_{socket_.get_executor()};
+  unsigned deadline_generation_ = 0;
+  bool timed_out_ = false;
+  State state_ = State::idle;
+  bool keep_alive_ = true;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::response<http::string_body> response_;
+};
+
+Server::Server(Service& service, HttpOptions options)
+    : service_(service), options_(std::move(options)), io_(std::max(options_.io_threads(), 1)) {
+  if (options_.port() < 0 || options_.port() > 65535) {
+    throw UsageError("port", std::to_string(options_.port()) + " is not a port number (0-65535)");
+  }
+  if (options_.io_threads() < 1) throw UsageError("io_threads", "must be at least 1");
+  if (options_.max_connections() < 1) throw UsageError("max_connections", "must be at least 1");
+  if (options_.read_timeout().count() <= 0) throw UsageError("read_timeout", "must be positive");
+  if (options_.idle_timeout().count() <= 0) throw UsageError("idle_timeout", "must be positive");
+  beast::error_code error;
+  auto address = net::ip::make_address(options_.host(), error);
+  if (error) throw UsageError("host", "'" + options_.host() + "' is not an IP address");
+  tcp::endpoint endpoint(address, static_cast<unsigned short>(options_.port()));
+  const std::string where = options_.host() + ":" + std::to_string(options_.port());
+  acceptor_.open(endpoint.protocol(), error);
+  if (!error) acceptor_.set_option(net::socket_base::reuse_address(true), error);
+  if (!error) acceptor_.bind(endpoint, error);
+  if (!error) acceptor_.listen(net::socket_base::max_listen_connections, error);
+  if (error) throw Error(where + ": cannot listen: " + error.message());
+  port_ = acceptor_.local_endpoint().port();
+}
+
+void Server::run() {
+  net::post(accept_strand_, [this] { accept(); });
+  std::vector<std::thread> helpers;
+  for (int i = 1; i < options_.io_threads(); ++i) helpers.emplace_back([this] { io_.run(); });
+  io_.run();
+  for (auto& helper : helpers) helper.join();
+}
+
+void Server::stop() {
+  net::post(accept_strand_, [this] { begin_stop(); });
+}
+
+void Server::begin_stop() {
+  if (stopping_.exchange(true)) return;
+  beast::error_code ignored;
+  acceptor_.close(ignored);
+  accept_retry_.cancel();
+  std::vector<std::shared_ptr<Session>> open;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mutex_);
+    for (auto& [raw, weak] : sessions_) {
+      if (auto session = weak.lock()) open.push_back(std::move(session));
+    }
+  }
+  for (auto& session : open) session->on_server_stop();
+}
+
+void Server::accept() {
+  if (stopping_) return;
+  acceptor_.async_accept(net::make_strand(io_), [this](beast::error_code error, tcp::socket socket) {
+    on_accept(error, std::move(socket));
+  });
+}
+
+void Server::on_accept(beast::error_code error, tcp::socket socket) {
+  if (stopping_) return;
+  if (error) {
+    // Out of file descriptors, say: pause rather than spin on an accept that fails at once.
+    accept_retry_.expires_after(std::chrono::milliseconds(50));
+    accept_retry_.async_wait([this](beast::error_code wait_error) {
+      if (!wait_error) accept();
+    });
+    return;
+  }
+  beast::error_code ignored;
+  socket.set_option(tcp::no_delay(true), ignored);
+  auto session = std::make_shared<Session>(*this, std::move(socket));
+  bool admitted;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mutex_);
+    admitted = sessions_.size() < options_.max_connections();
+    if (admitted) sessions_.emplace(session.get(), session);
+  }
+  if (admitted) {
+    session->start();
+  } else {
+    session->reject();
+  }
+  accept();
+}
+
+void Server::forget(Session* session) {
+  std::lock_guard<std::mutex> lock(sessions_mutex_);
+  sessions_.erase(session);
+}
+
+void Server::count_response(int status) {
+  std::lock_guard<std::mutex> lock(responses_mutex_);
+  ++responses_by_status_[status];
+}
+
+std::string Server::http_metrics() const {
+  std::string text;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mutex_);
+    text += "# HELP afterburner_http_connections Open HTTP connections.\n"
+            "# TYPE afterburner_http_connections gauge\n"
+            "afterburner_http_connections " + std::to_string(sessions_.size()) + "\n";
+  }
+  text += "# HELP afterburner_http_responses_total HTTP responses by status code.\n"
+          "# TYPE afterburner_http_responses_total counter\n";
+  std::lock_guard<std::mutex> lock(responses_mutex_);
+  for (auto [status, count] : responses_by_status_) {
+    text += "afterburner_http_responses_total{code=\"" + std::to_string(status) + "\"} " + std::to_string(count) + "\n";
+  }
+  return text;
+}
+
+}  // namespace
+
+struct HttpServer::Impl : Server {
+  using Server::Server;
+};
+
+HttpServer::HttpServer(Service& service, HttpOptions options)
+    : impl_(std::make_unique<Impl>(service, std::move(options))) {}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::port() const { return impl_->port(); }
+
+void HttpServer::run() { impl_->run(); }
+
+void HttpServer::stop() { impl_->stop(); }
+
+}  // namespace afterburner::serve

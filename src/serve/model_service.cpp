@@ -1,0 +1,181 @@
+#include "afterburner/serve/model_service.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/script.h>
+
+#include <algorithm>
+
+#include "afterburner/core/error.h"
+#include "afterburner/infer/model_file.h"
+#include "afterburner/infer/optimize.h"
+#include "afterburner/serve/batcher.h"
+#include "afterburner/serve/metrics.h"
+#include "afterburner/serve/protocol.h"
+
+namespace afterburner::serve {
+
+namespace {
+
+// Frozen and laid out for oneDNN as `afterburner optimize` verifies its output (a model that is
+// already optimized, or a plain export, alike): the serving copy of the model.
+torch::jit::Module load_torchscript(const ModelConfig& config) {
+  torch::jit::Module module = infer::load_model(config.model_file.string());
+  module.eval();
+  return infer::prepare_for_inference(module);
+}
+
+std::vector<at::Tensor> output_tensors(const c10::IValue& output) {
+  if (output.isTensor()) return {output.toTensor()};
+  std::vector<at::Tensor> tensors;
+  auto add = [&](const c10::IValue& value) {
+    if (!value.isTensor()) throw Error(fmt::format("model output holds a {}, not a tensor", value.tagKind()));
+    tensors.push_back(value.toTensor());
+  };
+  if (output.isTuple()) {
+    for (const auto& element : output.toTupleRef().elements()) add(element);
+  } else if (output.isList()) {
+    for (const auto& element : output.toListRef()) add(element);
+  } else {
+    throw Error(fmt::format("model returns a {}, not tensors", output.tagKind()));
+  }
+  return tensors;
+}
+
+// Each instance has its own copy of the module: forward() on one module is not meant to run
+// on several threads at once.
+Runner make_runner(const ModelConfig& config) {
+  auto module = std::make_shared<torch::jit::Module>(load_torchscript(config));
+  return [module](const std::vector<at::Tensor>& inputs) {
+    return output_tensors(module->forward(std::vector<c10::IValue>(inputs.begin(), inputs.end())));
+  };
+}
+
+nlohmann::json tensor_metadata(const std::vector<TensorSpec>& specs) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& spec : specs) {
+    std::vector<int64_t> shape{-1};
+    shape.insert(shape.end(), spec.dims.begin(), spec.dims.end());
+    list.push_back({{"name", spec.name}, {"datatype", std::string(datatype_name(spec.datatype))}, {"shape", shape}});
+  }
+  return list;
+}
+
+Reply json_reply(const nlohmann::json& body) {
+  Reply reply;
+  reply.body = body.dump();
+  return reply;
+}
+
+}  // namespace
+
+struct ModelService::Model {
+  Model(ModelConfig model_config, bool dynamic_batching) : config(std::move(model_config)) {
+    config.dynamic_batching = config.dynamic_batching && dynamic_batching;
+    std::vector<Runner> runners;
+    for (int64_t i = 0; i < config.instances; ++i) runners.push_back(make_runner(config));
+    batcher = std::make_unique<Batcher>(config, std::move(runners), metrics);
+  }
+
+  ModelConfig config;
+  ModelMetrics metrics;
+  std::unique_ptr<Batcher> batcher;  // after metrics: it counts into them until joined
+};
+
+ModelService::ModelService(const std::string& repository_dir, ModelServiceOptions options)
+    : ModelService(load_repository(repository_dir), std::move(options)) {}
+
+ModelService::ModelService(Repository repository, ModelServiceOptions options)
+    : options_(std::move(options)), threads_(options_.intra_op_threads()) {
+  for (auto& config : repository.models) {
+    models_.push_back(std::make_unique<Model>(std::move(config), options_.dynamic_batching()));
+  }
+  if (options_.wait_for_warm_up()) wait_until_ready();
+}
+
+ModelService::~ModelService() = default;
+
+void ModelService::wait_until_ready() const {
+  for (const auto& model : models_) model->batcher->wait_until_ready();
+}
+
+ModelService::Model* ModelService::find(std::string_view name) const {
+  for (const auto& model : models_) {
+    if (model->config.name == name) return model.get();
+  }
+  return nullptr;
+}
+
+bool ModelService::live() const { return true; }
+
+bool ModelService::ready() const {
+  return std::all_of(models_.begin(), models_.end(), [](const auto& model) { return model->batcher->ready(); });
+}
+
+Reply ModelService::server_metadata() const {
+  return json_reply({{"name", "afterburner"},
+                     {"version", options_.server_version()},
+                     {"extensions", {"binary_tensor_data"}}});
+}
+
+Reply ModelService::model_metadata(std::string_view name) const {
+  const Model* model = find(name);
+  if (!model) return error_reply(404, fmt::format("unknown model '{}'", name));
+  return json_reply({{"name", model->config.name},
+                     {"versions", {"1"}},
+                     {"platform", "pytorch_torchscript"},
+                     {"inputs", tensor_metadata(model->config.inputs)},
+                     {"outputs", tensor_metadata(model->config.outputs)}});
+}
+
+Reply ModelService::model_ready(std::string_view name) const {
+  const Model* model = find(name);
+  if (!model) return error_reply(404, fmt::format("unknown model '{}'", name));
+  if (!model->batcher->ready()) return error_reply(400, fmt::format("model '{}' is not ready (warming up)", name));
+  return json_reply({{"name", model->config.name}, {"ready", true}});
+}
+
+void ModelService::infer(std::string_view name, std::string body, std::optional<std::size_t> json_length,
+                         ReplyCallback reply) {
+  Model* model = find(name);
+  if (!model) {
+    reply(error_reply(404, fmt::format("unknown model '{}'", name)));
+    return;
+  }
+  auto fail = [model, &reply](int status, const std::string& message) {
+    model->metrics.request_failure += 1;
+    reply(error_reply(status, message));
+  };
+  InferRequest request;
+  try {
+    request = parse_infer_request(body, json_length, model->config);
+  } catch (const RequestError& e) {
+    return fail(e.status(), e.what());
+  } catch (const std::exception& e) {
+    return fail(500, fmt::format("model '{}': {}", name, e.what()));
+  }
+  std::vector<at::Tensor> inputs = std::move(request.inputs);
+  model->batcher->submit(std::move(inputs), [model, request = std::move(request), reply](BatchResult result) {
+    if (result.status != 200) {
+      model->metrics.request_failure += 1;
+      return reply(error_reply(result.status, result.error));
+    }
+    Reply encoded;
+    try {
+      encoded = encode_infer_response(model->config, request, result.outputs);
+    } catch (const std::exception& e) {
+      model->metrics.request_failure += 1;
+      return reply(error_reply(500, fmt::format("model '{}': {}", model->config.name, e.what())));
+    }
+    model->metrics.request_success += 1;
+    reply(std::move(encoded));
+  });
+}
+
+std::string ModelService::metrics() const {
+  std::vector<std::pair<std::string_view, const ModelMetrics*>> all;
+  for (const auto& model : models_) all.emplace_back(model->config.name, &model->metrics);
+  return prometheus_text(all);
+}
+
+}  // namespace afterburner::serve

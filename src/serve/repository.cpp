@@ -1,0 +1,207 @@
+#include "afterburner/serve/repository.h"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+#include "afterburner/core/error.h"
+
+namespace afterburner::serve {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::array<std::pair<DataType, std::string_view>, 9> kDatatypeNames{{
+    {DataType::BOOL, "BOOL"},
+    {DataType::UINT8, "UINT8"},
+    {DataType::INT8, "INT8"},
+    {DataType::INT16, "INT16"},
+    {DataType::INT32, "INT32"},
+    {DataType::INT64, "INT64"},
+    {DataType::FP16, "FP16"},
+    {DataType::FP32, "FP32"},
+    {DataType::FP64, "FP64"},
+}};
+
+// Reads the keys of one TOML table, each error naming the file and the key's path.
+class TableReader {
+ public:
+  TableReader(const toml::table& table, std::string file, std::string prefix)
+      : table_(table), file_(std::move(file)), prefix_(std::move(prefix)) {}
+
+  [[noreturn]] void fail(std::string_view key, const std::string& problem) const {
+    throw UsageError(fmt::format("{}: {}{}", file_, prefix_, key), problem);
+  }
+
+  void reject_unknown_keys(std::initializer_list<std::string_view> known) const {
+    for (const auto& [key, node] : table_) {
+      if (std::find(known.begin(), known.end(), key.str()) == known.end()) fail(key.str(), "unknown key");
+    }
+  }
+
+  std::optional<int64_t> integer(std::string_view key, int64_t min) const {
+    const toml::node* node = table_.get(key);
+    if (!node) return std::nullopt;
+    auto value = node->value_exact<int64_t>();
+    if (!value) fail(key, "must be an integer");
+    if (*value < min) fail(key, fmt::format("must be at least {}, got {}", min, *value));
+    return value;
+  }
+
+  std::optional<bool> boolean(std::string_view key) const {
+    const toml::node* node = table_.get(key);
+    if (!node) return std::nullopt;
+    auto value = node->value_exact<bool>();
+    if (!value) fail(key, "must be true or false");
+    return value;
+  }
+
+  std::string string(std::string_view key) const {
+    const toml::node* node = table_.get(key);
+    if (!node) fail(key, "missing");
+    auto value = node->value_exact<std::string>();
+    if (!value || value->empty()) fail(key, "must be a non-empty string");
+    return *value;
+  }
+
+  // An array of integers, each at least `min` (or -1 where `allow_any` says so).
+  std::optional<std::vector<int64_t>> integers(std::string_view key, int64_t min, bool allow_any = false) const {
+    const toml::node* node = table_.get(key);
+    if (!node) return std::nullopt;
+    const toml::array* array = node->as_array();
+    if (!array) fail(key, "must be an array of integers");
+    std::vector<int64_t> values;
+    for (const auto& item : *array) {
+      auto value = item.value_exact<int64_t>();
+      if (!value) fail(key, "must be an array of integers");
+      if (*value < min && !(allow_any && *value == -1)) {
+        fail(key, fmt::format("entries must be at least {}{}, got {}", min, allow_any ? " or -1" : "", *value));
+      }
+      values.push_back(*value);
+    }
+    return values;
+  }
+
+ private:
+  const toml::table& table_;
+  std::string file_;
+  std::string prefix_;
+};
+
+std::vector<TensorSpec> read_tensor_specs(const toml::table& config, std::string_view key, const std::string& file) {
+  const toml::node* node = config.get(key);
+  if (!node) throw UsageError(fmt::format("{}: {}", file, key), "missing: at least one [[" + std::string(key) + "]]");
+  const toml::array* tables = node->as_array();
+  if (!tables || tables->empty() || !tables->is_array_of_tables()) {
+    throw UsageError(fmt::format("{}: {}", file, key), "must be one or more [[" + std::string(key) + "]] tables");
+  }
+  std::vector<TensorSpec> specs;
+  for (std::size_t i = 0; i < tables->size(); ++i) {
+    TableReader reader(*tables->get(i)->as_table(), file, fmt::format("{}[{}].", key, i));
+    reader.reject_unknown_keys({"name", "datatype", "dims"});
+    TensorSpec spec;
+    spec.name = reader.string("name");
+    auto datatype = parse_datatype(reader.string("datatype"));
+    if (!datatype) reader.fail("datatype", "must be one of BOOL, UINT8, INT8, INT16, INT32, INT64, FP16, FP32, FP64");
+    spec.datatype = *datatype;
+    auto dims = reader.integers("dims", 1, /*allow_any=*/true);
+    if (!dims) reader.fail("dims", "missing");
+    spec.dims = *dims;
+    for (const auto& other : specs) {
+      if (other.name == spec.name) reader.fail("name", "duplicate name '" + spec.name + "'");
+    }
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+}  // namespace
+
+std::string_view datatype_name(DataType type) {
+  for (const auto& [candidate, name] : kDatatypeNames) {
+    if (candidate == type) return name;
+  }
+  return "?";
+}
+
+std::optional<DataType> parse_datatype(std::string_view name) {
+  for (const auto& [type, candidate] : kDatatypeNames) {
+    if (candidate == name) return type;
+  }
+  return std::nullopt;
+}
+
+std::size_t datatype_size(DataType type) {
+  switch (type) {
+    case DataType::BOOL:
+    case DataType::UINT8:
+    case DataType::INT8: return 1;
+    case DataType::INT16:
+    case DataType::FP16: return 2;
+    case DataType::INT32:
+    case DataType::FP32: return 4;
+    case DataType::INT64:
+    case DataType::FP64: return 8;
+  }
+  return 0;
+}
+
+int64_t ModelConfig::queue_capacity() const {
+  return max_queue_size > 0 ? max_queue_size : 2 * max_batch_size * instances;
+}
+
+ModelConfig load_model_config(const fs::path& model_dir) {
+  ModelConfig config;
+  config.name = model_dir.filename().string();
+  config.config_file = model_dir / "config.toml";
+  config.model_file = model_dir / "model.pt";
+  const std::string file = config.config_file.string();
+  if (!fs::is_regular_file(config.config_file)) throw DataError(file, "no such model config");
+  toml::table table;
+  try {
+    table = toml::parse_file(file);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    throw DataError(fmt::format("{}:{}:{}", file, where.line, where.column), std::string(e.description()));
+  }
+  TableReader reader(table, file, "");
+  reader.reject_unknown_keys({"max_batch_size", "max_queue_delay_us", "preferred_batch_sizes", "dynamic_batching",
+                              "instances", "max_queue_size", "timeout_us", "input", "output"});
+  config.max_batch_size = reader.integer("max_batch_size", 1).value_or(config.max_batch_size);
+  config.max_queue_delay_us = reader.integer("max_queue_delay_us", 0).value_or(config.max_queue_delay_us);
+  config.dynamic_batching = reader.boolean("dynamic_batching").value_or(config.dynamic_batching);
+  config.instances = reader.integer("instances", 1).value_or(config.instances);
+  config.max_queue_size = reader.integer("max_queue_size", 1).value_or(config.max_queue_size);
+  config.timeout_us = reader.integer("timeout_us", 1).value_or(config.timeout_us);
+  config.preferred_batch_sizes = reader.integers("preferred_batch_sizes", 1).value_or(std::vector<int64_t>{});
+  for (int64_t size : config.preferred_batch_sizes) {
+    if (size > config.max_batch_size) {
+      reader.fail("preferred_batch_sizes", fmt::format("{} exceeds max_batch_size {}", size, config.max_batch_size));
+    }
+  }
+  std::sort(config.preferred_batch_sizes.begin(), config.preferred_batch_sizes.end());
+  config.preferred_batch_sizes.erase(
+      std::unique(config.preferred_batch_sizes.begin(), config.preferred_batch_sizes.end()),
+      config.preferred_batch_sizes.end());
+  config.inputs = read_tensor_specs(table, "input", file);
+  config.outputs = read_tensor_specs(table, "output", file);
+  if (!fs::is_regular_file(config.model_file)) throw DataError(config.model_file.string(), "no such model file");
+  return config;
+}
+
+Repository load_repository(const fs::path& dir) {
+  if (!fs::is_directory(dir)) throw DataError(dir.string(), "no such model repository directory");
+  Repository repository{dir, {}};
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.is_directory()) repository.models.push_back(load_model_config(entry.path()));
+  }
+  if (repository.models.empty()) throw DataError(dir.string(), "no models (expected <name>/config.toml)");
+  std::sort(repository.models.begin(), repository.models.end(),
+            [](const ModelConfig& a, const ModelConfig& b) { return a.name < b.name; });
+  return repository;
+}
+
+}  // namespace afterburner::serve

@@ -1,0 +1,128 @@
+// optimize(): each pass keeps the model's outputs and removes what it claims to.
+#include "afterburner/infer/optimize.h"
+
+#include <gtest/gtest.h>
+
+#include "afterburner/core/error.h"
+#include "afterburner/infer/model_file.h"
+#include "test_models.h"
+#include "testing.h"
+
+namespace afterburner::testing {
+namespace {
+using infer::OptimizeOptions;
+using infer::Precision;
+
+torch::Tensor forward(torch::jit::Module& model, const torch::Tensor& input) {
+  c10::InferenceMode inference;
+  return model.forward({input}).toTensor();
+}
+
+bool any_pass_contains(const infer::OptimizeResult& result, const std::string& text) {
+  for (const auto& pass : result.passes) {
+    if (pass.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST(Optimize, FoldsBatchNormAndRemovesDropoutKeepingOutputs) {
+  auto model = conv_bn_dropout_model();
+  auto input = torch::randn({16, 1, 8, 8});
+  model.eval();
+  auto expected = forward(model, input);
+  model.train();  // as saved by a user who forgot eval(): optimize must still serve inference
+
+  auto result = infer::optimize(model);
+  EXPECT_TRUE(torch::allclose(forward(result.model, input), expected, 1e-4, 1e-5));
+  EXPECT_FALSE(graph_has(result.model, "aten::batch_norm"));
+  EXPECT_FALSE(graph_has(result.model, "aten::dropout"));
+  EXPECT_TRUE(any_pass_contains(result, "dropout removal: 1 of 1 removed"));
+  EXPECT_TRUE(any_pass_contains(result, "BatchNorm: 1 of 1 removed"));
+  auto prepared = infer::prepare_for_inference(result.model);
+  EXPECT_TRUE(torch::allclose(forward(prepared, input), expected, 1e-4, 1e-5));
+  EXPECT_TRUE(graph_has(model, "aten::batch_norm")) << "the input model must stay as it was";
+  EXPECT_TRUE(model.is_training());
+}
+
+TEST(Optimize, Bf16FoldsBatchNormToo) {
+  auto model = conv_bn_dropout_model();
+  model.eval();
+  auto input = torch::randn({16, 1, 8, 8});
+  auto expected = forward(model, input);
+  auto result = infer::optimize(model, OptimizeOptions().precision(Precision::bf16));
+  EXPECT_FALSE(graph_has(result.model, "aten::batch_norm"));
+  EXPECT_FALSE(graph_has(result.model, "aten::dropout"));
+  // bf16 keeps 8 significant bits: logits of size ~1 move by a few 1e-3 per rounding.
+  EXPECT_TRUE(torch::allclose(forward(result.model, input), expected, 0.05, 0.05));
+}
+
+TEST(Optimize, Fp32ZooModelsMatchTheirExport) {
+  auto input = fashion_mnist_images("t10k", 64);
+  for (const std::string name : {"mlp", "cnn"}) {
+    auto model = trained_zoo_model(name);
+    auto result = infer::optimize(model);
+    auto prepared = infer::prepare_for_inference(result.model);
+    EXPECT_TRUE(torch::allclose(forward(result.model, input), forward(model, input), 1e-4, 1e-4)) << name;
+    EXPECT_TRUE(torch::allclose(forward(prepared, input), forward(model, input), 1e-4, 1e-4)) << name;
+  }
+  // The convolutions run on oneDNN's layout once prepared.
+  auto cnn = infer::optimize(trained_zoo_model("cnn")).model;
+  EXPECT_FALSE(graph_has(cnn, "prim::mkldnn_convolution"));
+  EXPECT_TRUE(graph_has(infer::prepare_for_inference(cnn), "prim::mkldnn_convolution"));
+}
+
+TEST(Optimize, SavedModelLoadsAndComputesTheSame) {
+  auto input = fashion_mnist_images("t10k", 32);
+  for (const std::string name : {"mlp", "cnn"}) {
+    for (auto precision : {Precision::fp32, Precision::bf16, Precision::int8}) {
+      auto result = infer::optimize(trained_zoo_model(name), OptimizeOptions().precision(precision));
+      TempDir dir;
+      const auto path = (dir / "model.pt").string();
+      infer::save_model(result.model, path);
+      auto loaded = infer::load_model(path);
+      const auto label = name + " " + infer::to_string(precision);
+      EXPECT_TRUE(torch::equal(forward(loaded, input), forward(result.model, input))) << label;
+      // oneDNN's kernels round differently from ATen's, by up to a bf16 ulp of the logits in bf16.
+      auto prepared = infer::load_optimized(path);
+      const double tolerance = precision == Precision::bf16 ? 0.1 : 1e-4;
+      EXPECT_TRUE(torch::allclose(forward(prepared, input), forward(result.model, input), tolerance, tolerance))
+          << label;
+    }
+  }
+}
+
+// Top-1 agreement with the fp32 model on 2000 real test images, against the targets.
+double top1_agreement(const std::string& name, Precision precision) {
+  auto model = trained_zoo_model(name);
+  auto images = fashion_mnist_images("t10k", 2000);
+  auto result = infer::optimize(model, OptimizeOptions().precision(precision));
+  auto expected = forward(model, images).argmax(1);
+  auto actual = forward(result.model, images).argmax(1);
+  return expected.eq(actual).to(torch::kDouble).mean().item<double>();
+}
+
+TEST(Optimize, Bf16AgreesWithFp32) {
+  EXPECT_GE(top1_agreement("cnn", Precision::bf16), 0.995);
+  EXPECT_TRUE(graph_has(infer::optimize(trained_zoo_model("cnn"), OptimizeOptions().precision(Precision::bf16)).model,
+                        "aten::to"));
+}
+
+TEST(Optimize, Int8QuantizesLinearsAndAgreesWithFp32) {
+  auto result = infer::optimize(trained_zoo_model("mlp"), OptimizeOptions().precision(Precision::int8));
+  EXPECT_TRUE(graph_has(result.model, "quantized::linear_dynamic"));
+  EXPECT_FALSE(graph_has(result.model, "aten::linear"));
+  EXPECT_TRUE(any_pass_contains(result, "int8: 3 Linear layers"));
+  EXPECT_GE(top1_agreement("mlp", Precision::int8), 0.99);
+}
+
+TEST(Optimize, PrecisionNamesRoundTripAndBadOnesNameTheField) {
+  for (auto precision : {Precision::fp32, Precision::bf16, Precision::int8}) {
+    EXPECT_EQ(infer::parse_precision(infer::to_string(precision)), precision);
+  }
+  auto message = error_message<UsageError>([] { infer::parse_precision("fp16"); });
+  EXPECT_TRUE(Contains(message, "precision"));
+  EXPECT_TRUE(Contains(message, "fp16"));
+}
+
+}  // namespace
+}  // namespace afterburner::testing

@@ -1,0 +1,362 @@
+#include "afterburner/serve/loadgen.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "afterburner/core/error.h"
+#include "afterburner/models/export.h"
+#include "afterburner/models/zoo.h"
+#include "afterburner/serve/http_server.h"
+#include "testing.h"
+
+namespace afterburner::serve {
+namespace {
+
+using afterburner::testing::Contains;
+using afterburner::testing::error_message;
+using afterburner::testing::TempDir;
+using namespace std::chrono_literals;
+
+// Answers every infer after `delay` from its own thread, in arrival order; every `reject_every`-th
+// request gets a 503. Counts what it answered.
+class DelayService : public Service {
+ public:
+  explicit DelayService(std::chrono::milliseconds delay, int reject_every = 0)
+      : delay_(delay), reject_every_(reject_every), replier_([this] { reply_loop(); }) {}
+  ~DelayService() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closing_ = true;
+    }
+    changed_.notify_all();
+    replier_.join();
+  }
+
+  bool live() const override { return true; }
+  bool ready() const override { return true; }
+  Reply server_metadata() const override { return {}; }
+  Reply model_metadata(std::string_view) const override {
+    return {200, "application/json", R"({"name":"m","inputs":[{"name":"x","datatype":"FP32","shape":[-1,2]}]})", {}};
+  }
+  Reply model_ready(std::string_view) const override { return {}; }
+  void infer(std::string_view, std::string, std::optional<std::size_t>, ReplyCallback reply) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back({std::chrono::steady_clock::now() + delay_, std::move(reply)});
+    changed_.notify_all();
+  }
+  std::string metrics() const override { return ""; }
+
+  std::uint64_t answered() const { return answered_; }
+  std::uint64_t rejected() const { return rejected_; }
+
+ private:
+  struct Pending {
+    std::chrono::steady_clock::time_point due;
+    ReplyCallback reply;
+  };
+
+  void reply_loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      changed_.wait(lock, [&] { return closing_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      Pending next = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      std::this_thread::sleep_until(next.due);
+      bool reject = reject_every_ > 0 && (answered_ + 1) % reject_every_ == 0;
+      rejected_ += reject;
+      ++answered_;
+      next.reply(reject ? Reply{503, "application/json", R"({"error":"busy"})", {}} : Reply{});
+      lock.lock();
+    }
+  }
+
+  const std::chrono::milliseconds delay_;
+  const int reject_every_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Pending> queue_;
+  bool closing_ = false;
+  std::atomic<std::uint64_t> answered_{0}, rejected_{0};
+  std::thread replier_;  // last: starts once the rest is built
+};
+
+class RunningServer {
+ public:
+  explicit RunningServer(Service& service) : server_(service, HttpOptions().port(0)), thread_([this] { server_.run(); }) {}
+  ~RunningServer() {
+    server_.stop();
+    thread_.join();
+  }
+  Endpoint endpoint() const { return {"127.0.0.1", server_.port()}; }
+
+ private:
+  HttpServer server_;
+  std::thread thread_;
+};
+
+TEST(Loadgen, PercentilesAreNearestRank) {
+  std::vector<double> samples(100);
+  std::iota(samples.begin(), samples.end(), 1.0);
+  std::shuffle(samples.begin(), samples.end(), std::mt19937(3));
+  LatencySummary summary = summarize_latencies(samples);
+  EXPECT_EQ(summary.p50_ms, 50);
+  EXPECT_EQ(summary.p90_ms, 90);
+  EXPECT_EQ(summary.p99_ms, 99);
+  EXPECT_EQ(summary.max_ms, 100);
+  LatencySummary ten = summarize_latencies({5, 1, 4, 2, 3, 10, 9, 8, 7, 6});
+  EXPECT_EQ(ten.p50_ms, 5);
+  EXPECT_EQ(ten.p90_ms, 9);
+  EXPECT_EQ(ten.p99_ms, 10);
+  LatencySummary one = summarize_latencies({7});
+  EXPECT_EQ(one.p50_ms, 7);
+  EXPECT_EQ(one.max_ms, 7);
+  EXPECT_EQ(summarize_latencies({}).p99_ms, 0);
+}
+
+TEST(Loadgen, ParsesUrls) {
+  Endpoint plain = parse_url("http://127.0.0.1:8123");
+  EXPECT_EQ(plain.host, "127.0.0.1");
+  EXPECT_EQ(plain.port, 8123);
+  EXPECT_EQ(parse_url("http://10.0.0.2/").port, 80);
+  for (std::string bad : {"127.0.0.1:8000", "http://localhost:8000", "http://127.0.0.1:", "http://127.0.0.1:99999",
+                          "http://127.0.0.1:80a"}) {
+    EXPECT_TRUE(Contains(error_message<UsageError>([&] { parse_url(bad); }), "--url: '" + bad + "'")) << bad;
+  }
+}
+
+TEST(Loadgen, SampleBodyFollowsTheMetadata) {
+  std::string metadata = R"({"name":"cnn","inputs":[{"name":"image","datatype":"FP32","shape":[-1,1,2,3]},
+                                                    {"name":"ids","datatype":"INT64","shape":[4]}]})";
+  auto body = nlohmann::json::parse(sample_infer_body(metadata, 5));
+  ASSERT_EQ(body["inputs"].size(), 2u);
+  const auto& image = body["inputs"][0];
+  EXPECT_EQ(image["name"], "image");
+  EXPECT_EQ(image["datatype"], "FP32");
+  EXPECT_EQ(image["shape"], nlohmann::json({1, 1, 2, 3}));
+  ASSERT_EQ(image["data"].size(), 6u);
+  for (const auto& x : image["data"]) EXPECT_TRUE(x.is_number_float() && x >= 0 && x < 1);
+  const auto& ids = body["inputs"][1];
+  ASSERT_EQ(ids["data"].size(), 4u);
+  for (const auto& x : ids["data"]) EXPECT_TRUE(x.is_number_integer() && x >= 0 && x < 10);
+  EXPECT_EQ(sample_infer_body(metadata, 5), sample_infer_body(metadata, 5));
+  EXPECT_NE(sample_infer_body(metadata, 5), sample_infer_body(metadata, 6));
+}
+
+TEST(Loadgen, UnusableMetadataNamesTheProblem) {
+  EXPECT_EQ(error_message<UsageError>([] { sample_infer_body("{", 1); }), "metadata: not JSON");
+  EXPECT_EQ(error_message<UsageError>([] { sample_infer_body(R"({"inputs":[]})", 1); }), "metadata: no inputs");
+  EXPECT_TRUE(Contains(error_message<UsageError>([] {
+                         sample_infer_body(R"({"inputs":[{"name":"s","datatype":"BYTES","shape":[1]}]})", 1);
+                       }),
+                       "metadata: datatype BYTES cannot be generated"));
+}
+
+TEST(Loadgen, HttpGetReturnsTheBodyOrNamesTheUrl) {
+  DelayService service(0ms);
+  RunningServer server(service);
+  EXPECT_TRUE(Contains(http_get(server.endpoint(), "/v2/models/m"), R"("datatype":"FP32")"));
+  std::string url = "http://127.0.0.1:" + std::to_string(server.endpoint().port) + "/nowhere";
+  EXPECT_TRUE(Contains(error_message<Error>([&] { http_get(server.endpoint(), "/nowhere"); }), url + ": status 404: "));
+}
+
+TEST(Loadgen, ClosedLoopCountsEveryAnswerByStatus) {
+  DelayService service(1ms, /*reject_every=*/4);
+  RunningServer server(service);
+  LoadResult result = run_load(LoadOptions(server.endpoint()).target("/v2/models/m/infer").body("{}").concurrency(3).duration_seconds(0.3));
+  ASSERT_GT(result.requests, 0u);
+  EXPECT_EQ(result.requests, service.answered());
+  EXPECT_EQ(result.statuses[503], service.rejected());
+  EXPECT_EQ(result.statuses[200], service.answered() - service.rejected());
+  EXPECT_EQ(result.statuses.size(), 2u);
+  EXPECT_EQ(result.connection_errors, 0u);
+  EXPECT_EQ(result.concurrency, 3);
+  EXPECT_DOUBLE_EQ(result.requests_per_second, result.requests / result.seconds);
+}
+
+TEST(Loadgen, LatencyIncludesTheServiceDelay) {
+  DelayService service(15ms);
+  RunningServer server(service);
+  LoadResult result = run_load(LoadOptions(server.endpoint()).target("/v2/models/m/infer").body("{}").duration_seconds(0.2));
+  ASSERT_GT(result.requests, 0u);
+  EXPECT_GE(result.latency.p50_ms, 15);  // no request can be answered sooner
+  EXPECT_LE(result.latency.p50_ms, result.latency.p90_ms);
+  EXPECT_LE(result.latency.p90_ms, result.latency.p99_ms);
+  EXPECT_LE(result.latency.p99_ms, result.latency.max_ms);
+}
+
+TEST(Loadgen, OpenLoopSendsEveryScheduledArrival) {
+  DelayService service(0ms);
+  RunningServer server(service);
+  LoadOptions options = LoadOptions(server.endpoint()).concurrency(4).duration_seconds(0.5).rate(300).seed(9);
+  LoadResult result = run_load(options);
+  std::size_t scheduled = poisson_arrivals(300, 0.5, 9).size();
+  EXPECT_EQ(result.requests, scheduled);
+  EXPECT_EQ(result.statuses[200], scheduled);
+  EXPECT_EQ(result.rate, 300);
+}
+
+TEST(Loadgen, PoissonArrivalsHaveTheRate) {
+  std::vector<double> arrivals = poisson_arrivals(1000, 20, 4);
+  EXPECT_TRUE(std::is_sorted(arrivals.begin(), arrivals.end()));
+  EXPECT_LT(arrivals.back(), 20);
+  // 20,000 expected; the count is Poisson, standard deviation ~141.
+  EXPECT_NEAR(static_cast<double>(arrivals.size()), 20000, 700);
+}
+
+// One connection, a 10 ms service and arrivals every ~4 ms: requests queue behind each other.
+// The k-th answer cannot come before (k + 1) * 10 ms, so its latency from its scheduled time
+// is at least that minus its arrival time; a generator timing from the send would miss this.
+TEST(Loadgen, OpenLoopLatencyCountsFromTheScheduledTime) {
+  DelayService service(10ms);
+  RunningServer server(service);
+  LoadResult result = run_load(
+      LoadOptions(server.endpoint()).target("/v2/models/m/infer").body("{}").duration_seconds(0.3).rate(250).seed(2));
+  std::vector<double> arrivals = poisson_arrivals(250, 0.3, 2);
+  double bound_ms = 0;
+  for (std::size_t k = 0; k < arrivals.size(); ++k) bound_ms = std::max(bound_ms, (k + 1) * 10.0 - arrivals[k] * 1000);
+  ASSERT_GT(bound_ms, 100);  // the schedule really overloads the service
+  EXPECT_EQ(result.requests, arrivals.size());
+  EXPECT_GE(result.latency.max_ms, bound_ms);
+}
+
+TEST(Loadgen, RefusedConnectionsAreErrors) {
+  int port;
+  {
+    DelayService service(0ms);
+    RunningServer server(service);
+    port = server.endpoint().port;
+  }
+  LoadResult result = run_load(LoadOptions(Endpoint{"127.0.0.1", port}).duration_seconds(0.05));
+  EXPECT_EQ(result.requests, 0u);
+  EXPECT_GT(result.connection_errors, 0u);
+}
+
+TEST(Loadgen, BadOptionsNameTheFlag) {
+  Endpoint server;
+  EXPECT_EQ(error_message<UsageError>([&] { run_load(LoadOptions(server).concurrency(0)); }), "--concurrency: must be at least 1");
+  EXPECT_EQ(error_message<UsageError>([&] { run_load(LoadOptions(server).duration_seconds(0)); }), "--duration: must be positive");
+  EXPECT_EQ(error_message<UsageError>([&] { run_load(LoadOptions(server).rate(-1)); }), "--rate: must not be negative");
+}
+
+// The CLI as a child process, with both streams in `log`; killed and reaped if the test ends early.
+class CliProcess {
+ public:
+  CliProcess(const std::vector<std::string>& args, const std::filesystem::path& log) : log_(log) {
+    std::vector<std::string> argv{afterburner::testing::cli_binary().string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      if (!freopen(log.c_str(), "w", stdout) || !freopen(log.c_str(), "a", stderr)) _exit(127);
+      std::vector<char*> pointers;
+      for (auto& arg : argv) pointers.push_back(arg.data());
+      pointers.push_back(nullptr);
+      execv(pointers[0], pointers.data());
+      _exit(127);
+    }
+  }
+  ~CliProcess() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+
+  // Waits up to a minute (loading and warming up the models) for `text` in the log.
+  std::string wait_for(const std::string& text) {
+    for (int attempt = 0; attempt < 600; ++attempt) {
+      std::string log = afterburner::testing::read_file(log_);
+      if (log.find(text) != std::string::npos) return log;
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        throw std::runtime_error("exited early: " + log);
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+    throw std::runtime_error("'" + text + "' never appeared in " + afterburner::testing::read_file(log_));
+  }
+
+  int terminate() {
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  std::filesystem::path log_;
+  pid_t pid_ = -1;
+};
+
+// A repository holding the zoo's cnn (random weights) with dynamic batching.
+void write_cnn_repository(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir / "cnn");
+  auto model = models::make_model("cnn");
+  model->eval();
+  models::export_torchscript(model, (dir / "cnn" / "model.pt").string());
+  afterburner::testing::write_file(dir / "cnn" / "config.toml", R"(max_batch_size = 8
+max_queue_delay_us = 1000
+[[input]]
+name = "input"
+datatype = "FP32"
+dims = [1, 28, 28]
+[[output]]
+name = "output"
+datatype = "FP32"
+dims = [10]
+)");
+}
+
+TEST(ServeAndLoadgenCommands, ServeAnswersLoadAndStopsOnSigterm) {
+  TempDir dir;
+  write_cnn_repository(dir / "models");
+  CliProcess serve({"serve", "--repo", (dir / "models").string(), "--port", "0"}, dir / "serve.log");
+  std::string log = serve.wait_for("on http://127.0.0.1:");
+  std::size_t at = log.find("on http://127.0.0.1:");
+  ASSERT_NE(at, std::string::npos) << log;
+  std::string url = log.substr(at + 3, log.find('\n', at) - at - 3);
+  EXPECT_TRUE(Contains(http_get(parse_url(url), "/v2/health/live"), "true"));
+
+  auto run = afterburner::testing::run_cli(
+      {"loadgen", "--url", url, "--model", "cnn", "--concurrency", "1,3", "--duration", "0.5", "--json"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  auto report = nlohmann::json::parse(run.out);
+  ASSERT_EQ(report.size(), 2u);
+  EXPECT_EQ(report[0]["concurrency"], 1);
+  EXPECT_EQ(report[1]["concurrency"], 3);
+  for (const auto& result : report) {
+    EXPECT_GT(result["requests"].get<int>(), 0);
+    EXPECT_EQ(result["statuses"], nlohmann::json({{"200", result["requests"]}}));
+    EXPECT_EQ(result["connection_errors"], 0);
+  }
+  EXPECT_EQ(serve.terminate(), 0);
+  EXPECT_TRUE(Contains(afterburner::testing::read_file(dir / "serve.log"), "afterburner: stopped"));
+}
+
+TEST(ServeAndLoadgenCommands, LoadgenBadInputNamesIt) {
+  auto bad_url = afterburner::testing::run_cli({"loadgen", "--model", "cnn", "--url", "localhost:8000"});
+  EXPECT_EQ(bad_url.exit_code, 2);
+  EXPECT_TRUE(Contains(bad_url.err, "afterburner: --url: 'localhost:8000' does not start with http://"));
+  auto no_file = afterburner::testing::run_cli({"loadgen", "--model", "cnn", "--input", "/nonexistent/body.json"});
+  EXPECT_EQ(no_file.exit_code, 1);
+  EXPECT_TRUE(Contains(no_file.err, "afterburner: /nonexistent/body.json: no such request body file"));
+  auto bad_repo = afterburner::testing::run_cli({"serve", "--repo", "/nonexistent/models", "--port", "0"});
+  EXPECT_EQ(bad_repo.exit_code, 1);
+  EXPECT_TRUE(Contains(bad_repo.err, "/nonexistent/models"));
+}
+
+}  // namespace
+}  // namespace afterburner::serve

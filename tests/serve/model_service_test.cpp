@@ -1,0 +1,203 @@
+#include "afterburner/serve/model_service.h"
+
+#include <torch/torch.h>
+
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "afterburner/core/error.h"
+#include "afterburner/models/export.h"
+#include "afterburner/models/zoo.h"
+#include "afterburner/serve/protocol.h"
+#include "testing.h"
+
+namespace afterburner::serve {
+namespace {
+
+using afterburner::testing::Contains;
+using afterburner::testing::error_message;
+using afterburner::testing::TempDir;
+using afterburner::testing::write_file;
+
+std::string cnn_config(int64_t output_dims = 10) {
+  return fmt::format(R"(max_batch_size = 8
+max_queue_delay_us = 2000
+preferred_batch_sizes = [4, 8]
+instances = 1
+[[input]]
+name = "input"
+datatype = "FP32"
+dims = [1, 28, 28]
+[[output]]
+name = "output"
+datatype = "FP32"
+dims = [{}]
+)",
+                     output_dims);
+}
+
+// A repository with the zoo's cnn exported to TorchScript; the Sequential is the reference.
+struct CnnRepository {
+  TempDir dir;
+  torch::nn::Sequential model = models::make_model("cnn");
+
+  explicit CnnRepository(const std::string& config = cnn_config()) {
+    std::filesystem::create_directories(dir / "cnn");
+    model->eval();
+    models::export_torchscript(model, (dir / "cnn" / "model.pt").string());
+    write_file(dir / "cnn" / "config.toml", config);
+  }
+
+  at::Tensor reference(const at::Tensor& x) {
+    torch::NoGradGuard no_grad;
+    return model->forward(x);
+  }
+};
+
+Reply infer(ModelService& service, std::string_view model, std::string body,
+            std::optional<std::size_t> json_length = std::nullopt) {
+  std::promise<Reply> promise;
+  auto future = promise.get_future();
+  service.infer(model, std::move(body), json_length, [&promise](Reply reply) { promise.set_value(std::move(reply)); });
+  if (future.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "no reply";
+    return {};
+  }
+  return future.get();
+}
+
+at::Tensor only_output(const Reply& reply) {
+  std::optional<std::size_t> json_length;
+  if (!reply.headers.empty()) json_length = std::stoul(reply.headers.at(0).second);
+  auto outputs = parse_infer_response(reply.body, json_length);
+  EXPECT_EQ(outputs.size(), 1u);
+  EXPECT_EQ(outputs.at(0).first, "output");
+  return outputs.at(0).second;
+}
+
+TEST(ModelService, JsonInferenceEqualsTheModelsOwnForward) {
+  CnnRepository repository;
+  ModelService service(repository.dir.path().string());
+  EXPECT_TRUE(service.ready());
+  for (int64_t samples : {1, 3}) {
+    at::Tensor x = torch::randn({samples, 1, 28, 28});
+    Reply reply = infer(service, "cnn", encode_infer_request({{"input", x}}, RequestOptions().id("q1")).body);
+    ASSERT_EQ(reply.status, 200) << reply.body;
+    EXPECT_EQ(reply.content_type, "application/json");
+    EXPECT_EQ(nlohmann::json::parse(reply.body)["id"], "q1");
+    EXPECT_TRUE(torch::allclose(only_output(reply), repository.reference(x), 1e-5, 1e-5));
+  }
+}
+
+TEST(ModelService, BinaryInputsAndOutputs) {
+  CnnRepository repository;
+  ModelService service(repository.dir.path().string());
+  at::Tensor x = torch::randn({2, 1, 28, 28});
+  auto encoded = encode_infer_request({{"input", x}}, RequestOptions().binary_inputs(true).binary_outputs(true));
+  Reply reply = infer(service, "cnn", encoded.body, encoded.json_length);
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(reply.content_type, "application/octet-stream");
+  EXPECT_TRUE(torch::allclose(only_output(reply), repository.reference(x), 1e-5, 1e-5));
+}
+
+TEST(ModelService, ConcurrentRequestsAreAllAnsweredAndCounted) {
+  CnnRepository repository;
+  ModelService service(repository.dir.path().string());
+  constexpr int kThreads = 4;
+  constexpr int kRequests = 16;
+  std::vector<std::thread> threads;
+  std::atomic<int> correct{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kRequests; ++i) {
+        at::Tensor x = torch::randn({1, 1, 28, 28});
+        Reply reply = infer(service, "cnn", encode_infer_request({{"input", x}}).body);
+        correct += reply.status == 200 && torch::allclose(only_output(reply), repository.reference(x), 1e-5, 1e-5);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(correct, kThreads * kRequests);
+  std::string metrics = service.metrics();
+  EXPECT_TRUE(Contains(metrics, "afterburner_request_success_total{model=\"cnn\"} 64\n"));
+  EXPECT_TRUE(Contains(metrics, "afterburner_inference_count_total{model=\"cnn\"} 64\n"));
+  EXPECT_TRUE(Contains(metrics, "afterburner_pending_requests{model=\"cnn\"} 0\n"));
+}
+
+TEST(ModelService, BadRequestsAnswerWithAnErrorAndCountAsFailures) {
+  CnnRepository repository;
+  ModelService service(repository.dir.path().string());
+  Reply unknown = infer(service, "resnet", "{}");
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_EQ(nlohmann::json::parse(unknown.body)["error"], "unknown model 'resnet'");
+  Reply malformed = infer(service, "cnn", "{\"inputs\": [");
+  EXPECT_EQ(malformed.status, 400);
+  EXPECT_TRUE(Contains(nlohmann::json::parse(malformed.body)["error"], "request body"));
+  Reply too_many = infer(service, "cnn", encode_infer_request({{"input", torch::zeros({9, 1, 28, 28})}}).body);
+  EXPECT_EQ(too_many.status, 400);
+  EXPECT_TRUE(Contains(nlohmann::json::parse(too_many.body)["error"], "max_batch_size"));
+  EXPECT_TRUE(Contains(service.metrics(), "afterburner_request_failure_total{model=\"cnn\"} 2\n"));
+}
+
+TEST(ModelService, MetadataFollowsTheProtocol) {
+  CnnRepository repository;
+  ModelService service(repository.dir.path().string());
+  auto server = nlohmann::json::parse(service.server_metadata().body);
+  EXPECT_EQ(server["name"], "afterburner");
+  EXPECT_EQ(server["extensions"], nlohmann::json({"binary_tensor_data"}));
+  Reply reply = service.model_metadata("cnn");
+  EXPECT_EQ(reply.status, 200);
+  auto model = nlohmann::json::parse(reply.body);
+  EXPECT_EQ(model["name"], "cnn");
+  EXPECT_EQ(model["platform"], "pytorch_torchscript");
+  EXPECT_EQ(model["inputs"], nlohmann::json::parse(R"([{"name":"input","datatype":"FP32","shape":[-1,1,28,28]}])"));
+  EXPECT_EQ(model["outputs"], nlohmann::json::parse(R"([{"name":"output","datatype":"FP32","shape":[-1,10]}])"));
+  EXPECT_EQ(service.model_metadata("mlp").status, 404);
+  EXPECT_EQ(service.model_ready("cnn").status, 200);
+  EXPECT_EQ(service.model_ready("mlp").status, 404);
+  EXPECT_TRUE(service.live());
+}
+
+TEST(ModelService, ReadyOnlyOnceWarmedUp) {
+  CnnRepository repository;
+  ModelService service(repository.dir.path().string(), ModelServiceOptions().wait_for_warm_up(false));
+  service.wait_until_ready();
+  EXPECT_TRUE(service.ready());
+  EXPECT_EQ(service.model_ready("cnn").status, 200);
+  EXPECT_TRUE(Contains(service.metrics(), "afterburner_execution_count_total{model=\"cnn\"} 0\n"));
+}
+
+TEST(ModelService, WithoutDynamicBatchingEveryRequestIsAnExecution) {
+  CnnRepository repository;
+  ModelService service(repository.dir.path().string(), ModelServiceOptions().dynamic_batching(false));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 5; ++i) {
+        EXPECT_EQ(infer(service, "cnn", encode_infer_request({{"input", torch::randn({1, 1, 28, 28})}}).body).status,
+                  200);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_TRUE(Contains(service.metrics(), "afterburner_execution_count_total{model=\"cnn\"} 20\n"));
+}
+
+TEST(ModelService, ACorruptModelFileIsNamedAtStartUp) {
+  CnnRepository repository;
+  std::string model_file = (repository.dir / "cnn" / "model.pt").string();
+  write_file(model_file, "this is not a TorchScript archive");
+  std::string message = error_message<Error>([&] { ModelService service(repository.dir.path().string()); });
+  EXPECT_TRUE(Contains(message, model_file + ": not a loadable TorchScript model"));
+}
+
+TEST(ModelService, OutputsThatDoNotMatchTheConfigAreNamedAtStartUp) {
+  CnnRepository repository(cnn_config(12));
+  std::string message = error_message<Error>([&] { ModelService service(repository.dir.path().string()); });
+  EXPECT_TRUE(Contains(message, (repository.dir / "cnn" / "model.pt").string() + ": output 'output'"));
+  EXPECT_TRUE(Contains(message, "declares FP32 [batch, 12]"));
+}
+
+}  // namespace
+}  // namespace afterburner::serve

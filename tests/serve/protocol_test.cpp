@@ -1,0 +1,254 @@
+#include "afterburner/serve/protocol.h"
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include "testing.h"
+
+namespace afterburner::serve {
+namespace {
+
+using afterburner::testing::Contains;
+
+ModelConfig model_config(DataType datatype = DataType::FP32, std::vector<int64_t> dims = {1, 28, 28}) {
+  ModelConfig config;
+  config.name = "cnn";
+  config.max_batch_size = 8;
+  config.inputs = {{"input", datatype, std::move(dims)}};
+  config.outputs = {{"output", DataType::FP32, {10}}, {"features", DataType::INT64, {2}}};
+  return config;
+}
+
+InferRequest parse(std::string body, const ModelConfig& config = model_config(),
+                   std::optional<std::size_t> json_length = std::nullopt) {
+  return parse_infer_request(body, json_length, config);
+}
+
+RequestError parse_error(const std::string& body, const ModelConfig& config = model_config(),
+                         std::optional<std::size_t> json_length = std::nullopt) {
+  try {
+    parse(body, config, json_length);
+  } catch (const RequestError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "accepted: " << body.substr(0, 200);
+  return RequestError(0, "");
+}
+
+void expect_identical(const at::Tensor& actual, const at::Tensor& expected) {
+  ASSERT_EQ(actual.scalar_type(), expected.scalar_type());
+  ASSERT_EQ(actual.sizes(), expected.sizes());
+  EXPECT_TRUE(torch::equal(actual, expected));
+}
+
+at::Tensor random_of(DataType datatype, std::vector<int64_t> shape) {
+  at::Tensor values = torch::randn(shape, torch::kDouble) * 50;
+  if (datatype == DataType::BOOL) return values > 0;
+  if (datatype == DataType::UINT8) return values.abs().to(torch::kByte);
+  return values.to(scalar_type(datatype));
+}
+
+TEST(Protocol, JsonRequestRoundTripsEveryDatatypeExactly) {
+  for (DataType datatype : {DataType::BOOL, DataType::UINT8, DataType::INT8, DataType::INT16, DataType::INT32,
+                            DataType::INT64, DataType::FP16, DataType::FP32, DataType::FP64}) {
+    SCOPED_TRACE(std::string(datatype_name(datatype)));
+    at::Tensor input = random_of(datatype, {3, 2, 5});
+    auto encoded = encode_infer_request({{"input", input}}, RequestOptions().id("r-7"));
+    EXPECT_FALSE(encoded.json_length);
+    InferRequest request = parse(encoded.body, model_config(datatype, {2, 5}));
+    EXPECT_EQ(request.id, "r-7");
+    EXPECT_EQ(request.batch_size, 3);
+    expect_identical(request.inputs.at(0), input);
+  }
+}
+
+TEST(Protocol, JsonDataMatchesAnIndependentParser) {
+  at::Tensor input = torch::randn({1, 1, 28, 28});
+  std::string body = encode_infer_request({{"input", input}}).body;
+  auto json = nlohmann::json::parse(body);
+  auto data = json["inputs"][0]["data"].get<std::vector<float>>();
+  ASSERT_EQ(data.size(), 784u);
+  at::Tensor flat = input.flatten();
+  for (std::size_t i = 0; i < data.size(); ++i) ASSERT_EQ(data[i], flat[static_cast<int64_t>(i)].item<float>());
+  EXPECT_EQ(json["inputs"][0]["shape"], nlohmann::json({1, 1, 28, 28}));
+  EXPECT_EQ(json["inputs"][0]["datatype"], "FP32");
+}
+
+TEST(Protocol, NestedAndFlatDataAreTheSame) {
+  std::string head = R"({"inputs":[{"name":"input","datatype":"INT32","shape":[2,3],"data":)";
+  InferRequest flat = parse(head + "[1,2,3,4,5,6]}]}", model_config(DataType::INT32, {3}));
+  InferRequest nested = parse(head + "[[1,2,3],[4,5,6]]}]}", model_config(DataType::INT32, {3}));
+  expect_identical(flat.inputs[0], torch::arange(1, 7, torch::kInt).reshape({2, 3}));
+  expect_identical(nested.inputs[0], flat.inputs[0]);
+}
+
+TEST(Protocol, FieldsMayComeInAnyOrder) {
+  InferRequest request = parse(
+      R"({"outputs":[{"name":"output"}],"inputs":[{"data":[1.5,2.5],"shape":[1,2],"datatype":"FP32","name":"input"}],)"
+      R"("id":"x"})",
+      model_config(DataType::FP32, {2}));
+  EXPECT_EQ(request.id, "x");
+  expect_identical(request.inputs[0], torch::tensor({{1.5f, 2.5f}}));
+  ASSERT_EQ(request.outputs.size(), 1u);
+  EXPECT_EQ(request.outputs[0].name, "output");
+}
+
+TEST(Protocol, BinaryInputsRoundTrip) {
+  ModelConfig config = model_config(DataType::FP32, {4});
+  config.inputs.push_back({"mask", DataType::UINT8, {4}});
+  at::Tensor input = torch::randn({2, 4});
+  at::Tensor mask = torch::randint(0, 255, {2, 4}, torch::kByte);
+  auto encoded = encode_infer_request({{"mask", mask}, {"input", input}}, RequestOptions().binary_inputs(true));
+  ASSERT_TRUE(encoded.json_length);
+  EXPECT_EQ(encoded.body.size(), *encoded.json_length + 2 * 4 * 4 + 2 * 4);
+  EXPECT_TRUE(Contains(encoded.body.substr(0, *encoded.json_length), "\"binary_data_size\":32"));
+  InferRequest request = parse(encoded.body, config, encoded.json_length);
+  expect_identical(request.inputs[0], input);  // config order, not request order
+  expect_identical(request.inputs[1], mask);
+}
+
+TEST(Protocol, ResponseRoundTripsJson) {
+  InferRequest request = parse(encode_infer_request({{"input", torch::randn({2, 1, 28, 28})}},
+                                                    RequestOptions().id("abc")).body);
+  ASSERT_EQ(request.outputs.size(), 2u);
+  at::Tensor logits = torch::randn({2, 10});
+  at::Tensor features = torch::randint(-1000, 1000, {2, 2}, torch::kLong);
+  Reply reply = encode_infer_response(model_config(), request, {logits, features});
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_EQ(reply.content_type, "application/json");
+  EXPECT_TRUE(reply.headers.empty());
+  auto json = nlohmann::json::parse(reply.body);
+  EXPECT_EQ(json["model_name"], "cnn");
+  EXPECT_EQ(json["id"], "abc");
+  auto outputs = parse_infer_response(reply.body, std::nullopt);
+  ASSERT_EQ(outputs.size(), 2u);
+  EXPECT_EQ(outputs[0].first, "output");
+  expect_identical(outputs[0].second, logits);
+  EXPECT_EQ(outputs[1].first, "features");
+  expect_identical(outputs[1].second, features);
+}
+
+TEST(Protocol, BinaryOutputsForTheRequestOrPerOutput) {
+  at::Tensor logits = torch::randn({1, 10});
+  at::Tensor features = torch::randint(-5, 5, {1, 2}, torch::kLong);
+  std::string input = encode_infer_request({{"input", torch::zeros({1, 1, 28, 28})}}).body;
+  auto with = [&](const std::string& extra) { return input.substr(0, input.size() - 1) + "," + extra + "}"; };
+
+  InferRequest all_binary = parse(with(R"("parameters":{"binary_data_output":true})"));
+  Reply reply = encode_infer_response(model_config(), all_binary, {logits, features});
+  EXPECT_EQ(reply.content_type, "application/octet-stream");
+  ASSERT_EQ(reply.headers.size(), 1u);
+  EXPECT_EQ(reply.headers[0].first, "Inference-Header-Content-Length");
+  std::size_t json_length = std::stoul(reply.headers[0].second);
+  EXPECT_EQ(reply.body.size(), json_length + 10 * 4 + 2 * 8);
+  auto outputs = parse_infer_response(reply.body, json_length);
+  expect_identical(outputs.at(0).second, logits);
+  expect_identical(outputs.at(1).second, features);
+
+  InferRequest one_binary = parse(with(R"("outputs":[{"name":"features","parameters":{"binary_data":true}}])"));
+  ASSERT_EQ(one_binary.outputs.size(), 1u);
+  reply = encode_infer_response(model_config(), one_binary, {logits, features});
+  json_length = std::stoul(reply.headers.at(0).second);
+  EXPECT_EQ(reply.body.size(), json_length + 2 * 8);
+  outputs = parse_infer_response(reply.body, json_length);
+  ASSERT_EQ(outputs.size(), 1u);
+  EXPECT_EQ(outputs[0].first, "features");
+  expect_identical(outputs[0].second, features);
+}
+
+TEST(Protocol, ErrorReplyIsOneJsonField) {
+  Reply reply = error_reply(404, "unknown model \"x\"\n");
+  EXPECT_EQ(reply.status, 404);
+  EXPECT_EQ(nlohmann::json::parse(reply.body), nlohmann::json({{"error", "unknown model \"x\"\n"}}));
+}
+
+struct BadRequest {
+  std::string body;
+  std::string message;  // part of the message that names the field and the problem
+};
+
+const std::string kInput = R"({"name":"input","datatype":"FP32","shape":[1,3],"data":[1,2,3]})";
+
+TEST(Protocol, EachBadRequestIsA400NamingTheField) {
+  const std::vector<BadRequest> cases = {
+      {R"({"inputs":[)", "request body"},
+      {"[1,2]", "request body"},
+      {R"({"id":"a"})", "inputs"},
+      {R"({"inputs":{}})", "inputs"},
+      {R"({"inputs":[3]})", "inputs[0]"},
+      {R"({"inputs":[{"datatype":"FP32","shape":[1,3],"data":[1,2,3]}]})", "inputs[0].name"},
+      {R"({"inputs":[{"name":"image","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]})",
+       "unknown input 'image' (the model takes 'input')"},
+      {R"({"inputs":[{"name":"input","datatype":"FP64","shape":[1,3],"data":[1,2,3]}]})",
+       "input 'input': datatype FP64 but the model takes FP32"},
+      {R"({"inputs":[{"name":"input","datatype":"BYTES","shape":[1,3],"data":[1,2,3]}]})",
+       "inputs[0].datatype: unsupported datatype 'BYTES'"},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,3],"data":[1,2]}]})",
+       "input 'input'.data: 2 values for shape [1, 3]"},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,3],"data":[1,2,3,4]}]})",
+       "input 'input'.data: more values than the shape holds"},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,3],"data":[1,"2",3]}]})", "input 'input'.data"},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}]})",
+       "input 'input': shape [1, 4] but the model takes [batch, 3]"},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[3],"data":[1,2,3]}]})",
+       "input 'input': shape [3] but the model takes [batch, 3]"},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[9,3],"data":[]}]})",
+       "input 'input': batch of 9 samples, the model takes 1 to 8 (max_batch_size)"},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[0,3],"data":[]}]})", "batch of 0 samples"},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,-3],"data":[]}]})", "inputs[0].shape"},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,3]}]})", "input 'input'.data"},
+      {R"({"inputs":[]})", "input 'input' is missing"},
+      {R"({"inputs":[)" + kInput + "," + kInput + "]}", "input 'input' given twice"},
+      {R"({"inputs":[)" + kInput + R"(],"outputs":[{"name":"probs"}]})",
+       "outputs[0]: unknown output 'probs' (the model has 'output', 'features')"},
+      {R"({"inputs":[)" + kInput + R"(],"parameters":{"binary_data_output":"yes"}})",
+       "parameters.binary_data_output"},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,3],"parameters":{"binary_data_size":12}}]})",
+       "input 'input': binary_data_size 12 but only 0 bytes of binary data are left"},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,3],"parameters":{"binary_data_size":8}}]})",
+       "input 'input': binary_data_size 8 does not match shape 1x3 of FP32 (12 bytes)"},
+      {R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,3],"data":[1,2,3)", "request body"},
+  };
+  for (const auto& bad : cases) {
+    RequestError error = parse_error(bad.body, model_config(DataType::FP32, {3}));
+    EXPECT_EQ(error.status(), 400) << bad.body;
+    EXPECT_TRUE(Contains(error.what(), bad.message)) << bad.body;
+  }
+}
+
+TEST(Protocol, IntegersOutOfTheDatatypeRangeAreRefused) {
+  RequestError error = parse_error(R"({"inputs":[{"name":"input","datatype":"INT8","shape":[1,2],"data":[1,300]}]})",
+                                   model_config(DataType::INT8, {2}));
+  EXPECT_EQ(error.status(), 400);
+  EXPECT_TRUE(Contains(error.what(), "input 'input'.data: 300 is out of range"));
+}
+
+TEST(Protocol, HugeShapesAreRefusedBeforeAllocating) {
+  RequestError error = parse_error(
+      R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,1000000000],"data":[1]}]})",
+      model_config(DataType::FP32, {-1}));
+  EXPECT_TRUE(Contains(error.what(), "input 'input': shape holds more values than the body"));
+}
+
+TEST(Protocol, LargeBodiesParseLikeSmallOnes) {
+  at::Tensor input = torch::randn({2, 100000});  // ~2 MB of JSON, past the reused parser's limit
+  auto encoded = encode_infer_request({{"input", input}});
+  ASSERT_GT(encoded.body.size(), 1u << 20);
+  expect_identical(parse(encoded.body, model_config(DataType::FP32, {-1})).inputs[0], input);
+  expect_identical(parse(encode_infer_request({{"input", input.narrow(1, 0, 5)}}).body,
+                         model_config(DataType::FP32, {-1})).inputs[0],
+                   input.narrow(1, 0, 5));
+}
+
+TEST(Protocol, BinarySectionMustMatchTheDeclaredSizes) {
+  ModelConfig config = model_config(DataType::FP32, {2});
+  auto encoded = encode_infer_request({{"input", torch::randn({1, 2})}}, RequestOptions().binary_inputs(true));
+  RequestError extra = parse_error(encoded.body + "xyz", config, encoded.json_length);
+  EXPECT_TRUE(Contains(extra.what(), "binary data: 11 bytes follow the JSON but the tensors declare 8"));
+  RequestError too_long = parse_error(encoded.body, config, encoded.body.size() + 1);
+  EXPECT_TRUE(Contains(too_long.what(), "Inference-Header-Content-Length"));
+}
+
+}  // namespace
+}  // namespace afterburner::serve

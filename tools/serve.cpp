@@ -1,0 +1,123 @@
+// afterburner serve: the Open Inference Protocol over HTTP for a model repository, until
+// SIGTERM or SIGINT, which finish the requests in flight and exit 0.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "afterburner/core/error.h"
+#include "afterburner/core/heap.h"
+#include "afterburner/serve/http_server.h"
+#include "afterburner/serve/model_service.h"
+#include "commands.h"
+
+namespace afterburner::tools {
+namespace {
+
+struct ServeArgs {
+  std::string repo;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  int io_threads = 1;
+  int intra_op_threads = 1;
+  bool batching = true;
+  bool keep_freed_memory = true;
+  std::size_t max_body_bytes = 16u << 20;
+  double read_timeout = 10;
+  double idle_timeout = 60;
+  std::size_t max_connections = 1024;
+};
+
+// The write end of a pipe the signal handler writes to: the one thing a handler may safely do.
+int stop_pipe_write = -1;
+
+extern "C" void on_stop_signal(int) {
+  const char byte = 1;
+  [[maybe_unused]] ssize_t written = write(stop_pipe_write, &byte, 1);
+}
+
+// Calls server.stop() on the first SIGTERM or SIGINT (or release()), from its own thread.
+class StopOnSignal {
+ public:
+  explicit StopOnSignal(serve::HttpServer& server) {
+    if (pipe(pipe_) != 0) throw Error("cannot create the signal pipe");
+    stop_pipe_write = pipe_[1];
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    action.sa_flags = SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGTERM, &action, nullptr);
+    sigaction(SIGINT, &action, nullptr);
+    watcher_ = std::thread([this, &server] {
+      char byte;
+      while (read(pipe_[0], &byte, 1) < 0 && errno == EINTR) {
+      }
+      server.stop();
+    });
+  }
+  ~StopOnSignal() {
+    on_stop_signal(0);  // releases the watcher if no signal came
+    watcher_.join();
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    close(pipe_[0]);
+    close(pipe_[1]);
+  }
+
+ private:
+  int pipe_[2];
+  std::thread watcher_;
+};
+
+std::chrono::milliseconds milliseconds(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+int serve(const ServeArgs& args) {
+  // Each batch's activations would otherwise be fresh, zero-filled mappings (core/heap.h).
+  if (args.keep_freed_memory) keep_freed_memory();
+  serve::ModelService models(args.repo, serve::ModelServiceOptions()
+                                            .intra_op_threads(args.intra_op_threads)
+                                            .dynamic_batching(args.batching));
+  serve::HttpServer server(models, serve::HttpOptions()
+                                       .host(args.host)
+                                       .port(args.port)
+                                       .io_threads(args.io_threads)
+                                       .max_body_bytes(args.max_body_bytes)
+                                       .read_timeout(milliseconds(args.read_timeout))
+                                       .idle_timeout(milliseconds(args.idle_timeout))
+                                       .max_connections(args.max_connections));
+  StopOnSignal stop_on_signal(server);
+  std::cout << "afterburner: serving " << args.repo << " on http://" << args.host << ":" << server.port() << std::endl;
+  server.run();
+  std::cout << "afterburner: stopped" << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+Command add_serve_command(CLI::App& app) {
+  auto* sub = app.add_subcommand("serve", "serve a model repository over HTTP (Open Inference Protocol v2)");
+  auto args = std::make_shared<ServeArgs>();
+  sub->add_option("--repo", args->repo, "model repository: DIR/<model>/config.toml and model.pt")->required();
+  sub->add_option("--host", args->host, "address to listen on; anything but 127.0.0.1 exposes the server")
+      ->capture_default_str();
+  sub->add_option("--port", args->port, "port to listen on (0: any free one)")->capture_default_str();
+  sub->add_option("--io-threads", args->io_threads, "threads for the sockets")->capture_default_str();
+  sub->add_option("--intra-op-threads", args->intra_op_threads, "LibTorch threads per forward")->capture_default_str();
+  sub->add_flag("--batching,!--no-batching", args->batching, "dynamic batching (off: one request per forward)");
+  sub->add_flag("--keep-freed-memory,!--no-keep-freed-memory", args->keep_freed_memory,
+                "keep freed memory in the process for the next batch instead of returning it to the OS");
+  sub->add_option("--max-body-bytes", args->max_body_bytes, "larger request bodies get 413")->capture_default_str();
+  sub->add_option("--read-timeout", args->read_timeout, "seconds a client has to send a request")->capture_default_str();
+  sub->add_option("--idle-timeout", args->idle_timeout, "seconds a keep-alive connection may stay idle")
+      ->capture_default_str();
+  sub->add_option("--max-connections", args->max_connections, "connections beyond get 503")->capture_default_str();
+  return {sub, [args] { return serve(*args); }};
+}
+
+}  // namespace afterburner::tools
