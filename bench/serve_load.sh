@@ -2,7 +2,11 @@
 # Serving throughput of the zoo's cnn over HTTP: `afterburner serve` with dynamic batching, then
 # without, each loaded by `afterburner loadgen` on the same machine (they share the cores).
 #
-#   bench/serve_load.sh [BUILD_DIR] [DURATION_SECONDS] [POISSON_RATE]
+#   bench/serve_load.sh [BUILD_DIR] [DURATION_SECONDS] [POISSON_RATE] [PRECISION]
+#
+# PRECISION (fp32, bf16 or int8) first runs `afterburner optimize` on the exported model and
+# serves its result; without it the plain export is served (frozen and laid out for oneDNN at
+# load, as every served model is).
 #
 # Prints a closed-loop sweep (1, 8, 64 connections) per server and a Poisson open loop at
 # POISSON_RATE requests/s against the batching one. The model's weights come from a short
@@ -12,6 +16,7 @@ set -euo pipefail
 build=${1:-build}
 duration=${2:-10}
 rate=${3:-6000}
+precision=${4:-}
 cli=$build/afterburner
 work=$(mktemp -d)
 server_pid=
@@ -22,10 +27,18 @@ cleanup() {
 trap cleanup EXIT
 
 mkdir -p "$work/models/cnn"
-"$cli" train --model cnn --max-steps 20 --epochs 1 --progress none --export "$work/models/cnn/model.pt" >/dev/null
+"$cli" train --model cnn --max-steps 20 --epochs 1 --progress none --export "$work/cnn.pt" >/dev/null
+if [[ -n $precision ]]; then
+  "$cli" optimize "$work/cnn.pt" -o "$work/models/cnn/model.pt" --precision "$precision" --force \
+    --measure-seconds 0 >/dev/null
+else
+  cp "$work/cnn.pt" "$work/models/cnn/model.pt"
+fi
 cat > "$work/models/cnn/config.toml" <<'TOML'
 max_batch_size = 64
-max_queue_delay_us = 1000
+max_queue_delay_us = 2000
+preferred_batch_sizes = [16, 32, 64]
+instances = 1
 [[input]]
 name = "input"
 datatype = "FP32"
