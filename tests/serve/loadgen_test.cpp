@@ -15,9 +15,9 @@
 #include <unistd.h>
 
 #include "afterburner/core/error.h"
-#include "afterburner/models/export.h"
 #include "afterburner/models/zoo.h"
 #include "afterburner/serve/http_server.h"
+#include "cnn_repository.h"
 #include "testing.h"
 
 namespace afterburner::serve {
@@ -301,28 +301,9 @@ class CliProcess {
   pid_t pid_ = -1;
 };
 
-// A repository holding the zoo's cnn (random weights) with dynamic batching.
-void write_cnn_repository(const std::filesystem::path& dir) {
-  std::filesystem::create_directories(dir / "cnn");
-  auto model = models::make_model("cnn");
-  model->eval();
-  models::export_torchscript(model, (dir / "cnn" / "model.pt").string());
-  afterburner::testing::write_file(dir / "cnn" / "config.toml", R"(max_batch_size = 8
-max_queue_delay_us = 1000
-[[input]]
-name = "input"
-datatype = "FP32"
-dims = [1, 28, 28]
-[[output]]
-name = "output"
-datatype = "FP32"
-dims = [10]
-)");
-}
-
 TEST(ServeAndLoadgenCommands, ServeAnswersLoadAndStopsOnSigterm) {
   TempDir dir;
-  write_cnn_repository(dir / "models");
+  serve::testing::write_cnn_model(dir / "models", models::make_model("cnn"), serve::testing::cnn_config(8, "[8]", 1000));
   CliProcess serve({"serve", "--repo", (dir / "models").string(), "--port", "0"}, dir / "serve.log");
   std::string log = serve.wait_for("on http://127.0.0.1:");
   std::size_t at = log.find("on http://127.0.0.1:");

@@ -7,9 +7,9 @@
 #include <thread>
 
 #include "afterburner/core/error.h"
-#include "afterburner/models/export.h"
 #include "afterburner/models/zoo.h"
 #include "afterburner/serve/protocol.h"
+#include "cnn_repository.h"
 #include "testing.h"
 
 namespace afterburner::serve {
@@ -20,33 +20,16 @@ using afterburner::testing::error_message;
 using afterburner::testing::TempDir;
 using afterburner::testing::write_file;
 
-std::string cnn_config(int64_t output_dims = 10) {
-  return fmt::format(R"(max_batch_size = 8
-max_queue_delay_us = 2000
-preferred_batch_sizes = [4, 8]
-instances = 1
-[[input]]
-name = "input"
-datatype = "FP32"
-dims = [1, 28, 28]
-[[output]]
-name = "output"
-datatype = "FP32"
-dims = [{}]
-)",
-                     output_dims);
-}
+// The issue's config with smaller batches, so that warm-up stays short.
+std::string small_cnn_config(int64_t output_dims = 10) { return testing::cnn_config(8, "[4, 8]", 2000, output_dims); }
 
 // A repository with the zoo's cnn exported to TorchScript; the Sequential is the reference.
 struct CnnRepository {
   TempDir dir;
   torch::nn::Sequential model = models::make_model("cnn");
 
-  explicit CnnRepository(const std::string& config = cnn_config()) {
-    std::filesystem::create_directories(dir / "cnn");
-    model->eval();
-    models::export_torchscript(model, (dir / "cnn" / "model.pt").string());
-    write_file(dir / "cnn" / "config.toml", config);
+  explicit CnnRepository(const std::string& config = small_cnn_config()) {
+    testing::write_cnn_model(dir.path(), model, config);
   }
 
   at::Tensor reference(const at::Tensor& x) {
@@ -193,7 +176,7 @@ TEST(ModelService, ACorruptModelFileIsNamedAtStartUp) {
 }
 
 TEST(ModelService, OutputsThatDoNotMatchTheConfigAreNamedAtStartUp) {
-  CnnRepository repository(cnn_config(12));
+  CnnRepository repository(small_cnn_config(12));
   std::string message = error_message<Error>([&] { ModelService service(repository.dir.path().string()); });
   EXPECT_TRUE(Contains(message, (repository.dir / "cnn" / "model.pt").string() + ": output 'output'"));
   EXPECT_TRUE(Contains(message, "declares FP32 [batch, 12]"));

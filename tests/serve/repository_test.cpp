@@ -3,6 +3,7 @@
 #include <string>
 
 #include "afterburner/core/error.h"
+#include "cnn_repository.h"
 #include "testing.h"
 
 namespace afterburner::serve {
@@ -14,19 +15,7 @@ using afterburner::testing::TempDir;
 using afterburner::testing::write_file;
 
 // The config of the issue, as written there.
-const std::string kIssueConfig = R"(max_batch_size = 64
-max_queue_delay_us = 2000
-preferred_batch_sizes = [16, 32, 64]
-instances = 1
-[[input]]
-name = "input"
-datatype = "FP32"
-dims = [1, 28, 28]
-[[output]]
-name = "output"
-datatype = "FP32"
-dims = [10]
-)";
+const std::string kIssueConfig = testing::cnn_config();
 
 std::filesystem::path write_model(const TempDir& dir, const std::string& name, const std::string& config) {
   std::filesystem::path model_dir = dir / name;
