@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -11,17 +10,12 @@
 #include "afterburner/core/error.h"
 #include "afterburner/core/heap.h"
 #include "afterburner/core/threads.h"
-#include "afterburner/data/idx.h"
 #include "afterburner/infer/measure.h"
-#include "afterburner/infer/model_file.h"
-#include "afterburner/infer/optimize.h"
+#include "afterburner/infer/optimize_file.h"
 #include "commands.h"
 
 namespace afterburner::tools {
 namespace {
-
-const char* const kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
-constexpr int64_t kRandomSamples = 512;
 
 struct OptimizeArgs {
   std::string input;
@@ -56,23 +50,18 @@ std::vector<int64_t> parse_shape(const std::string& text) {
   return shape;
 }
 
-// Real images where the model takes Fashion-MNIST ones (normalized as training does), random
-// ones otherwise: agreement on real data is what users care about.
-torch::Tensor verification_inputs(const OptimizeArgs& args, const std::vector<int64_t>& shape) {
-  const bool mnist_shape = shape == std::vector<int64_t>{1, 28, 28};
-  std::string dir = args.data;
-  if (dir.empty() && mnist_shape && std::filesystem::is_directory(kFashionMnistDir)) dir = kFashionMnistDir;
-  if (!dir.empty()) {
-    if (!mnist_shape) throw UsageError("--data", "needs --input-shape 1,28,28");
-    auto test = data::load_mnist(dir, data::Split::test);
-    auto images = test->get_batch(torch::arange(test->size())).input;
-    std::cout << fmt::format("verifying on {} Fashion-MNIST test images from {}\n", images.size(0), dir);
-    return (images.to(torch::kFloat) / 255.0 - 0.2860) / 0.3530;
-  }
-  std::vector<int64_t> batch_shape{kRandomSamples};
-  batch_shape.insert(batch_shape.end(), shape.begin(), shape.end());
-  std::cout << fmt::format("verifying on {} random inputs\n", kRandomSamples);
-  return torch::randn(batch_shape, torch::TensorOptions().dtype(torch::kFloat));
+infer::OptimizeFileOptions file_options(const OptimizeArgs& args) {
+  const auto precision = infer::parse_precision(args.precision);
+  auto tolerance = infer::default_tolerance(precision);
+  if (args.tolerance >= 0) tolerance.max_abs_diff(args.tolerance);
+  if (args.min_agreement >= 0) tolerance.min_top1_agreement(args.min_agreement);
+  return infer::OptimizeFileOptions()
+      .precision(precision)
+      .input_shape(parse_shape(args.input_shape))
+      .data(args.data)
+      .tolerance(tolerance)
+      .force(args.force)
+      .measure_seconds(args.measure_seconds);
 }
 
 void print_speed(const std::string& label, const infer::Speed& speed) {
@@ -80,59 +69,26 @@ void print_speed(const std::string& label, const infer::Speed& speed) {
   for (const auto& point : speed.points) std::cout << "  " << infer::describe(point) << "\n";
 }
 
-infer::Tolerance tolerance_for(const OptimizeArgs& args, infer::Precision precision) {
-  auto tolerance = infer::default_tolerance(precision);
-  if (args.tolerance >= 0) tolerance.max_abs_diff(args.tolerance);
-  if (args.min_agreement >= 0) tolerance.min_top1_agreement(args.min_agreement);
-  return tolerance;
-}
-
-// Throws (nothing gets written) when the optimized model disagrees beyond the tolerance,
-// unless --force.
-void refuse_unless_within(const OptimizeArgs& args, const infer::Agreement& agreement,
-                          const infer::Tolerance& tolerance) {
-  if (infer::within(agreement, tolerance)) return;
-  const auto problem =
-      fmt::format("verification failed: {} (tolerance: max abs diff {:g}, top-1 agreement {:.2f}%)",
-                  infer::describe(agreement), tolerance.max_abs_diff(), 100.0 * tolerance.min_top1_agreement());
-  if (!args.force) throw Error(args.output + ": not written, " + problem + "; --force writes it anyway");
-  std::cerr << "afterburner: " << problem << "; writing anyway (--force)\n";
-}
-
-void report_speed(const OptimizeArgs& args, torch::jit::Module& original, const std::vector<int64_t>& shape) {
-  const auto measuring = infer::MeasureOptions().seconds_per_batch_size(args.measure_seconds);
-  print_speed("before (original, TorchScript as loaded):", infer::measure(original, shape, measuring));
-  auto deployed = infer::load_optimized(args.output);
-  const auto after = infer::measure(deployed, shape, measuring);
-  print_speed("after (" + args.precision + ", as infer::load_optimized runs it):", after);
-  std::cout << fmt::format("best batch size after: {}\n", after.best().batch_size);
-}
-
 int run_optimize(const OptimizeArgs& args) {
-  const auto precision = infer::parse_precision(args.precision);
-  const auto shape = parse_shape(args.input_shape);
-  const auto tolerance = tolerance_for(args, precision);
+  const auto options = file_options(args);
   ThreadsGuard threads(args.threads > 0 ? args.threads : available_cores());
   // Inference allocates the same activations call after call: served from the heap rather than
   // fresh zero-filled mappings, bf16 cnn batches run about 3x faster (before and after alike).
   keep_freed_memory();
-  torch::manual_seed(0);
-
-  auto original = infer::load_model(args.input);
-  original.eval();  // saved in training mode, its dropout would make verification a coin toss
-  auto inputs = verification_inputs(args, shape);
-  auto result = infer::optimize(original, infer::OptimizeOptions().precision(precision));
-  std::cout << "passes:\n";
-  for (const auto& pass : result.passes) std::cout << "  " << pass << "\n";
-
-  // Verified as it will run: loaded, then laid out for oneDNN.
-  auto prepared = infer::prepare_for_inference(result.model);
-  const auto agreement = infer::verify(original, prepared, inputs);
-  std::cout << "agreement: " << infer::describe(agreement) << "\n";
-  refuse_unless_within(args, agreement, tolerance);
-  infer::save_model(result.model, args.output);
+  const auto report = infer::optimize_file(args.input, args.output, options);
+  std::cout << "verified on " << report.verified_on << "\npasses:\n";
+  for (const auto& pass : report.passes) std::cout << "  " << pass << "\n";
+  std::cout << "agreement: " << infer::describe(report.agreement) << "\n";
+  if (!report.agrees) {
+    std::cerr << fmt::format("afterburner: verification failed (tolerance: max abs diff {:g}, top-1 agreement {:.2f}%); "
+                             "writing anyway (--force)\n",
+                             report.tolerance.max_abs_diff(), 100.0 * report.tolerance.min_top1_agreement());
+  }
   std::cout << "wrote " << args.output << "\n";
-  report_speed(args, original, shape);
+  if (report.after.points.empty()) return 0;
+  print_speed("before (original, TorchScript as loaded):", report.before);
+  print_speed("after (" + args.precision + ", as infer::load_optimized runs it):", report.after);
+  std::cout << fmt::format("best batch size after: {}\n", report.after.best().batch_size);
   return 0;
 }
 
@@ -160,9 +116,8 @@ Command add_optimize_command(CLI::App& app) {
   sub->add_option("--input-shape", args->input_shape, "one sample's shape, without the batch dimension")
       ->capture_default_str();
   sub->add_option("--data", args->data,
-                  fmt::format("Fashion-MNIST directory for verification on real images (default {} "
-                              "when the shape is 1,28,28)",
-                              kFashionMnistDir));
+                  "Fashion-MNIST directory for verification on real images (default: the system's copy "
+                  "when the shape is 1,28,28)");
   sub->add_option("--tolerance", args->tolerance,
                   "largest max abs output difference accepted (default: " +
                       default_per_precision([](const infer::Tolerance& t) { return t.max_abs_diff(); }) + ")")
@@ -174,7 +129,7 @@ Command add_optimize_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0));
   sub->add_flag("--force", args->force, "write the model even when verification fails");
   sub->add_option("--threads", args->threads, "intra-op threads (default: all available cores)");
-  sub->add_option("--measure-seconds", args->measure_seconds, "timing per batch size and model")
+  sub->add_option("--measure-seconds", args->measure_seconds, "timing per batch size and model (0: no timing)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   return {sub, [args] { return run_optimize(*args); }};

@@ -60,7 +60,7 @@ TEST_F(CliOptimize, ModelSavedInTrainingModeVerifiesOnRandomInputs) {
   infer::save_model(conv_bn_dropout_model(), input_.string());  // BatchNorm + Dropout, training mode
   auto result = optimize({"--input-shape", "1,8,8"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  EXPECT_TRUE(Contains(result.out, "verifying on 512 random inputs"));
+  EXPECT_TRUE(Contains(result.out, "verified on 512 random inputs"));
   EXPECT_TRUE(Contains(result.out, "dropout removal: 1 of 1 removed"));
   EXPECT_TRUE(Contains(result.out, "BatchNorm: 1 of 1 removed"));
   EXPECT_TRUE(Contains(result.out, "top-1 agreement 100.00%"));
@@ -79,7 +79,7 @@ TEST_F(CliOptimize, UsageErrorsNameTheOption) {
       {{"--precision", "fp16"}, "precision"},
       {{"--input-shape", "1,x,28"}, "--input-shape"},
       {{"--min-agreement", "1.5"}, "--min-agreement"},
-      {{"--input-shape", "3,32,32", "--data", "/tmp"}, "--data"},
+      {{"--input-shape", "3,32,32", "--data", "/tmp"}, "data: Fashion-MNIST verification needs the input shape 1,28,28"},
   };
   for (const auto& [args, field] : cases) {
     auto result = optimize(args);

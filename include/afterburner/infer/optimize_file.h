@@ -1,0 +1,55 @@
+// The whole `afterburner optimize` flow as one call: load a TorchScript file, optimize it,
+// verify the result as it will run (after prepare_for_inference) against the original, write
+// it only when it agrees within the tolerance (or when forced), then measure both.
+//
+//   namespace infer = afterburner::infer;
+//   auto report = infer::optimize_file("cnn.pt", "cnn-bf16.pt",
+//                                      infer::OptimizeFileOptions().precision(infer::Precision::bf16));
+//   std::cout << infer::describe(report.agreement) << "\n";     // throws instead when it disagrees
+//   std::cout << infer::describe(report.after.best()) << "\n";
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "afterburner/infer/measure.h"
+#include "afterburner/infer/optimize.h"
+#include "afterburner/infer/verify.h"
+
+namespace afterburner::infer {
+
+struct OptimizeFileOptions {
+  TORCH_ARG(Precision, precision) = Precision::fp32;
+  // One sample's shape, without the batch dimension.
+  TORCH_ARG(std::vector<int64_t>, input_shape) = std::vector<int64_t>{1, 28, 28};
+  // A Fashion-MNIST directory to verify on its test images; empty: the system's copy when the
+  // shape is 1x28x28 and it is installed, else random inputs.
+  TORCH_ARG(std::string, data);
+  // Unset: default_tolerance(precision).
+  TORCH_ARG(std::optional<Tolerance>, tolerance);
+  // Write even when verification fails (the report says it did).
+  TORCH_ARG(bool, force) = false;
+  // Timing per batch size and model; 0 skips the measurement.
+  TORCH_ARG(double, measure_seconds) = MeasureOptions().seconds_per_batch_size();
+};
+
+struct OptimizeFileReport {
+  std::vector<std::string> passes;  // one line per pass
+  std::string verified_on;          // "10000 Fashion-MNIST test images from DIR" or "512 random inputs"
+  Agreement agreement;
+  Tolerance tolerance;
+  bool agrees = true;               // false only when forced past a failed verification
+  Speed before, after;              // empty when measure_seconds is 0
+};
+
+// Throws ModelError naming a file that cannot be read or written, UsageError for bad options,
+// and Error "<output>: not written, verification failed: ..." when the result disagrees and
+// force is off: nothing is written then.
+OptimizeFileReport optimize_file(const std::string& input, const std::string& output,
+                                 const OptimizeFileOptions& options = {});
+
+}  // namespace afterburner::infer
