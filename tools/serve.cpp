@@ -30,6 +30,7 @@ struct ServeArgs {
   double read_timeout = 10;
   double idle_timeout = 60;
   std::size_t max_connections = 1024;
+  std::size_t max_pending_body_bytes = 256u << 20;
 };
 
 // The write end of a pipe the signal handler writes to: the one thing a handler may safely do.
@@ -90,7 +91,8 @@ int serve(const ServeArgs& args) {
                                        .max_body_bytes(args.max_body_bytes)
                                        .read_timeout(milliseconds(args.read_timeout))
                                        .idle_timeout(milliseconds(args.idle_timeout))
-                                       .max_connections(args.max_connections));
+                                       .max_connections(args.max_connections)
+                                       .max_pending_body_bytes(args.max_pending_body_bytes));
   StopOnSignal stop_on_signal(server);
   std::cout << "afterburner: serving " << args.repo << " on http://" << args.host << ":" << server.port() << std::endl;
   server.run();
@@ -117,6 +119,9 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--idle-timeout", args->idle_timeout, "seconds a keep-alive connection may stay idle")
       ->capture_default_str();
   sub->add_option("--max-connections", args->max_connections, "connections beyond get 503")->capture_default_str();
+  sub->add_option("--max-pending-body-bytes", args->max_pending_body_bytes,
+                  "request body bytes all connections may hold at once; requests beyond get 503")
+      ->capture_default_str();
   return {sub, [args] { return serve(*args); }};
 }
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <utility>
 #include <atomic>
 #include <charconv>
 #include <map>
@@ -96,6 +97,10 @@ class Server {
   const HttpOptions& options() const { return options_; }
   bool stopping() const { return stopping_.load(); }
   void forget(Session* session);
+  // Takes `bytes` from the budget of request bodies held at once; false (nothing taken) when
+  // they do not fit.
+  bool reserve_body(std::size_t bytes);
+  void release_body(std::size_t bytes) { pending_body_bytes_ -= bytes; }
   void count_response(int status);
   std::string http_metrics() const;
 
@@ -107,6 +112,7 @@ class Server {
   Service& service_;
   const HttpOptions options_;
   std::atomic<bool> stopping_{false};
+  std::atomic<std::size_t> pending_body_bytes_{0};
 
   mutable std::mutex sessions_mutex_;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;
@@ -127,7 +133,10 @@ class Server {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(Server& server, tcp::socket socket) : server_(server), socket_(std::move(socket)) {}
-  ~Session() { server_.forget(this); }
+  ~Session() {
+    server_.release_body(reserved_body_);
+    server_.forget(this);
+  }
 
   void start() {
     net::dispatch(socket_.get_executor(), [self = shared_from_this()] { self->await_request(); });
@@ -152,6 +161,7 @@ class Session : public std::enable_shared_from_this<Session> {
   enum class State { idle, reading, answering, writing, closing, closed };
 
   void await_request() {
+    server_.release_body(std::exchange(reserved_body_, 0));  // the last request's body is answered
     if (server_.stopping()) return close();
     if (buffer_.size() > 0) return read_header();  // pipelined: the next request is already here
     state_ = State::idle;
@@ -179,6 +189,15 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // curl and others send "Expect: 100-continue" before a large body and wait for the go-ahead.
   void continue_body() {
+    const std::size_t body = parser_->content_length().value_or(server_.options().max_body_bytes());
+    if (body > 0 && body <= server_.options().max_body_bytes()) {
+      if (!server_.reserve_body(body)) {
+        keep_alive_ = false;
+        return write(error_reply(503, "server busy: request bodies over max_pending_body_bytes (" +
+                                          std::to_string(server_.options().max_pending_body_bytes()) + ")"));
+      }
+      reserved_body_ = body;
+    }
     const auto& request = parser_->get();
     if (parser_->is_done() || !beast::iequals(request[http::field::expect], "100-continue")) return read_body();
     static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -368,6 +387,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool keep_alive_ = true;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  std::size_t reserved_body_ = 0;  // of the server's body budget, for the request being handled
   http::response<http::string_body> response_;
 };
 
@@ -452,6 +472,14 @@ void Server::on_accept(beast::error_code error, tcp::socket socket) {
     session->reject();
   }
   accept();
+}
+
+bool Server::reserve_body(std::size_t bytes) {
+  std::size_t held = pending_body_bytes_.load();
+  do {
+    if (bytes > options_.max_pending_body_bytes() - std::min(held, options_.max_pending_body_bytes())) return false;
+  } while (!pending_body_bytes_.compare_exchange_weak(held, held + bytes));
+  return true;
 }
 
 void Server::forget(Session* session) {

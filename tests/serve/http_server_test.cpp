@@ -422,6 +422,29 @@ TEST(HttpServer, ConnectionsOverTheLimitAre503) {
   EXPECT_EQ(first.request("GET", "/v2/health/live").status, 200);
 }
 
+// One slow upload holds its declared body against the budget of all connections together:
+// what does not fit is refused before its body is read, what fits is served, and the bytes
+// come back once the upload is answered.
+TEST(HttpServer, BodiesOverTheServerBudgetAre503) {
+  TestService service;
+  RunningServer running(service, HttpOptions().max_body_bytes(1000).max_pending_body_bytes(1500));
+  Client uploader(running.port());
+  uploader.send_raw("POST /v2/models/cnn/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" +
+                    std::string(300, 'u'));
+  Response refused = Client(running.port()).request("POST", "/v2/models/cnn/infer", std::string(800, 'r'));
+  for (int i = 0; i < 50 && refused.status == 200; ++i) {  // until the server has read the uploader's header
+    std::this_thread::sleep_for(10ms);
+    refused = Client(running.port()).request("POST", "/v2/models/cnn/infer", std::string(800, 'r'));
+  }
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_EQ(refused.body, R"j({"error":"server busy: request bodies over max_pending_body_bytes (1500)"})j");
+  EXPECT_EQ(Client(running.port()).request("POST", "/v2/models/cnn/infer", std::string(400, 's')).status, 200);
+  uploader.send_raw(std::string(700, 'u'));
+  EXPECT_EQ(uploader.read_response().status, 200);
+  EXPECT_EQ(uploader.request("GET", "/v2/health/live").status, 200);  // the upload's bytes are back
+  EXPECT_EQ(Client(running.port()).request("POST", "/v2/models/cnn/infer", std::string(800, 'r')).status, 200);
+}
+
 TEST(HttpServer, RepliesFromOtherThreadsReachTheirConnections) {
   TestService service;
   RunningServer running(service, HttpOptions().io_threads(2));

@@ -11,7 +11,8 @@
 // /metrics; POST /v2/models/{name}/infer (binary extension: Inference-Header-Content-Length).
 // Every error is a JSON body {"error": "..."}: 404 unknown path, 405 wrong method, 400 malformed
 // request or bad Inference-Header-Content-Length, 413 body over max_body_bytes, 431 header over
-// max_header_bytes, 408 request not received within read_timeout, 503 over max_connections.
+// max_header_bytes, 408 request not received within read_timeout, 503 over max_connections or
+// over max_pending_body_bytes.
 #pragma once
 
 #include <torch/arg.h>
@@ -41,6 +42,10 @@ struct HttpOptions {
   TORCH_ARG(std::chrono::milliseconds, idle_timeout) = std::chrono::seconds(60);
   // Connections beyond this are answered 503 and closed.
   TORCH_ARG(std::size_t, max_connections) = 1024;
+  // Request body bytes all connections together may hold at once (being read or answered;
+  // a body of unknown length counts as max_body_bytes). A request that would go over is
+  // answered 503 before its body is read: memory stays bounded whatever the clients send.
+  TORCH_ARG(std::size_t, max_pending_body_bytes) = 256u << 20;
 };
 
 class HttpServer {
