@@ -41,10 +41,11 @@ extern "C" void on_stop_signal(int) {
   [[maybe_unused]] ssize_t written = write(stop_pipe_write, &byte, 1);
 }
 
-// Calls server.stop() on the first SIGTERM or SIGINT (or release()), from its own thread.
-class StopOnSignal {
+// From construction on, SIGTERM and SIGINT only write to a pipe, so a signal that comes
+// while the models load is kept for the server that does not exist yet.
+class StopSignals {
  public:
-  explicit StopOnSignal(serve::HttpServer& server) {
+  StopSignals() {
     if (pipe(pipe_) != 0) throw Error("cannot create the signal pipe");
     stop_pipe_write = pipe_[1];
     struct sigaction action {};
@@ -53,24 +54,41 @@ class StopOnSignal {
     sigemptyset(&action.sa_mask);
     sigaction(SIGTERM, &action, nullptr);
     sigaction(SIGINT, &action, nullptr);
-    watcher_ = std::thread([this, &server] {
-      char byte;
-      while (read(pipe_[0], &byte, 1) < 0 && errno == EINTR) {
-      }
-      server.stop();
-    });
   }
-  ~StopOnSignal() {
-    on_stop_signal(0);  // releases the watcher if no signal came
-    watcher_.join();
+  ~StopSignals() {
     signal(SIGTERM, SIG_DFL);
     signal(SIGINT, SIG_DFL);
     close(pipe_[0]);
     close(pipe_[1]);
   }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  int read_end() const { return pipe_[0]; }
 
  private:
   int pipe_[2];
+};
+
+// Calls server.stop() from its own thread on the first signal (also one that came before), or
+// when it goes away; declared after the server, it goes away first.
+class StopServerOnSignal {
+ public:
+  StopServerOnSignal(const StopSignals& signals, serve::HttpServer& server)
+      : watcher_([fd = signals.read_end(), &server] {
+          char byte;
+          while (read(fd, &byte, 1) < 0 && errno == EINTR) {
+          }
+          server.stop();
+        }) {}
+  ~StopServerOnSignal() {
+    on_stop_signal(0);  // releases the watcher if no signal came
+    watcher_.join();
+  }
+  StopServerOnSignal(const StopServerOnSignal&) = delete;
+  StopServerOnSignal& operator=(const StopServerOnSignal&) = delete;
+
+ private:
   std::thread watcher_;
 };
 
@@ -79,8 +97,10 @@ std::chrono::milliseconds milliseconds(double seconds) {
 }
 
 int serve(const ServeArgs& args) {
+  StopSignals stop_signals;  // before loading, so that a signal during it is not fatal
   // Each batch's activations would otherwise be fresh, zero-filled mappings (core/heap.h).
   if (args.keep_freed_memory) keep_freed_memory();
+  std::cout << "afterburner: loading " << args.repo << std::endl;
   serve::ModelService models(args.repo, serve::ModelServiceOptions()
                                             .intra_op_threads(args.intra_op_threads)
                                             .dynamic_batching(args.batching));
@@ -93,7 +113,7 @@ int serve(const ServeArgs& args) {
                                        .idle_timeout(milliseconds(args.idle_timeout))
                                        .max_connections(args.max_connections)
                                        .max_pending_body_bytes(args.max_pending_body_bytes));
-  StopOnSignal stop_on_signal(server);
+  StopServerOnSignal stop_on_signal(stop_signals, server);
   std::cout << "afterburner: serving " << args.repo << " on http://" << args.host << ":" << server.port() << std::endl;
   server.run();
   std::cout << "afterburner: stopped" << std::endl;

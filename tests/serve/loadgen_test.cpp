@@ -327,6 +327,16 @@ TEST(ServeAndLoadgenCommands, ServeAnswersLoadAndStopsOnSigterm) {
   EXPECT_TRUE(Contains(afterburner::testing::read_file(dir / "serve.log"), "afterburner: stopped"));
 }
 
+// SIGTERM while the models load and warm up: the server starts, stops at once, and exits 0.
+TEST(ServeAndLoadgenCommands, SigtermWhileLoadingStillExitsCleanly) {
+  TempDir dir;
+  serve::testing::write_cnn_model(dir / "models", models::make_model("cnn"), serve::testing::cnn_config());
+  CliProcess serve({"serve", "--repo", (dir / "models").string(), "--port", "0"}, dir / "serve.log");
+  serve.wait_for("afterburner: loading");
+  EXPECT_EQ(serve.terminate(), 0) << afterburner::testing::read_file(dir / "serve.log");
+  EXPECT_TRUE(Contains(afterburner::testing::read_file(dir / "serve.log"), "afterburner: stopped"));
+}
+
 TEST(ServeAndLoadgenCommands, LoadgenBadInputNamesIt) {
   auto bad_url = afterburner::testing::run_cli({"loadgen", "--model", "cnn", "--url", "localhost:8000"});
   EXPECT_EQ(bad_url.exit_code, 2);
