@@ -1,0 +1,62 @@
+// SKLinear: a dense layer replaced by a sum of L sketched low-rank terms (as in the Panther
+// library), with fewer parameters and FLOPs than torch::nn::Linear when 2Lk(d_in + d_out) is
+// below d_in d_out.
+//
+//   namespace sketch = afterburner::sketch;
+//   sketch::SKLinear layer(sketch::SKLinearOptions(1024, 768).terms(2).rank(16));
+//   torch::Tensor y = layer(x);                                  // x [..., 1024] -> [..., 768]
+//
+//   torch::nn::Linear dense(1024, 768);                          // from trained weights:
+//   sketch::SKLinear sketched(sketch::SKLinearOptions(1024, 768).terms(2).rank(16), dense->weight);
+//
+// Parameters S1s [L, d_in, k] and S2s [L, k, d_out] (trained), buffers U1s [L, k, d_out] and
+// U2s [L, d_in, k] (fixed, entries +-1/sqrt(k), saved with the module), bias [d_out].
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <ostream>
+
+namespace afterburner::sketch {
+
+struct SKLinearOptions {
+  SKLinearOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
+  TORCH_ARG(int64_t, in_features);
+  TORCH_ARG(int64_t, out_features);
+  TORCH_ARG(int64_t, terms) = 1;  // L
+  TORCH_ARG(int64_t, rank) = 8;   // k
+  TORCH_ARG(bool, bias) = true;
+};
+
+// Y = 1/(2L) sum_i [ (X S1_i) U1_i + (X U2_i) S2_i ] + b, computed as two GEMMs: X times the
+// concatenation [S1_1 .. S1_L, U2_1 .. U2_L] (d_in x 2Lk), then that times [U1_1; ..; U1_L;
+// S2_1; ..; S2_L] (2Lk x d_out). Gradients reach X, S1s, S2s and b, never the U buffers.
+class SKLinearImpl : public torch::nn::Cloneable<SKLinearImpl> {
+ public:
+  // `dense_weight`, in torch::nn::Linear's layout [d_out, d_in], initialises the terms so that
+  // the layer estimates it (S1_i = W U1_i^T, S2_i = U2_i^T W with W = dense_weight^T); undefined:
+  // a Kaiming-uniform W as torch::nn::Linear would draw. Throws UsageError for sizes below 1.
+  explicit SKLinearImpl(const SKLinearOptions& options, const torch::Tensor& dense_weight = {});
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+  torch::Tensor forward(const torch::Tensor& input);
+
+  SKLinearOptions options;
+  torch::Tensor S1s, S2s, U1s, U2s, bias;  // the names of Panther's layer; bias undefined without it
+
+ private:
+  torch::Tensor dense_weight_;  // only to initialise; not kept as a parameter
+};
+
+TORCH_MODULE(SKLinear);
+
+// True when 2Lk(d_in + d_out) > d_in d_out: the sketched layer has more parameters than the
+// dense one.
+bool sketch_saves_nothing(const SKLinearOptions& options);
+
+}  // namespace afterburner::sketch
