@@ -72,8 +72,8 @@ void print_speed(const std::string& label, const infer::Speed& speed) {
 int run_optimize(const OptimizeArgs& args) {
   const auto options = file_options(args);
   ThreadsGuard threads(args.threads > 0 ? args.threads : available_cores());
-  // Inference allocates the same activations call after call: served from the heap rather than
-  // fresh zero-filled mappings, bf16 cnn batches run about 3x faster (before and after alike).
+  // Inference allocates the same activations call after call: keep them in the heap (core/heap.h),
+  // for the timings before and after alike.
   keep_freed_memory();
   const auto report = infer::optimize_file(args.input, args.output, options);
   std::cout << "verified on " << report.verified_on << "\npasses:\n";
