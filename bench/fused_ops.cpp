@@ -8,7 +8,6 @@
 //
 //   bench_fused_ops [--reps N] [--threads N]
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -22,6 +21,7 @@
 #include "afterburner/kernels/conv_relu.h"
 #include "afterburner/kernels/cross_entropy.h"
 #include "afterburner/kernels/linear_relu.h"
+#include "afterburner/profile/alternate.h"
 #include "afterburner/train/precision.h"
 
 namespace {
@@ -48,34 +48,10 @@ Settings parse(int argc, char** argv) {
   return settings;
 }
 
-struct Stats {
-  double median = 0, min = 0, max = 0;  // milliseconds
-};
-
-Stats summarize(std::vector<double> times) {
-  std::sort(times.begin(), times.end());
-  return {(times[(times.size() - 1) / 2] + times[times.size() / 2]) / 2, times.front(), times.back()};
-}
-
-double milliseconds(const std::function<void()>& step) {
-  const auto start = std::chrono::steady_clock::now();
-  step();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-}
-
 // Times the two steps alternately, so that both see the same machine noise, after a warm-up.
 void compare(const std::string& label, const std::function<void()>& fused, const std::function<void()>& torch_ops,
              int reps) {
-  for (int i = 0; i < 3; ++i) {
-    fused();
-    torch_ops();
-  }
-  std::vector<double> fused_times, torch_times;
-  for (int rep = 0; rep < reps; ++rep) {
-    fused_times.push_back(milliseconds(fused));
-    torch_times.push_back(milliseconds(torch_ops));
-  }
-  const Stats f = summarize(fused_times), t = summarize(torch_times);
+  const auto [f, t] = afterburner::profile::time_alternately(fused, torch_ops, reps);
   std::printf("%-44s fused %8.3f ms [%7.3f, %8.3f]  torch %8.3f ms [%7.3f, %8.3f]  torch/fused %.2fx\n", label.c_str(),
               f.median, f.min, f.max, t.median, t.min, t.max, t.median / f.median);
 }

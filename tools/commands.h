@@ -18,5 +18,7 @@ Command add_profile_command(CLI::App& app);
 Command add_optimize_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
 Command add_loadgen_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
+Command add_sketch_command(CLI::App& app);
 
 }  // namespace afterburner::tools

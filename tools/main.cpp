@@ -4,18 +4,21 @@
 
 #include "afterburner/core/blas.h"
 #include "afterburner/core/error.h"
+#include "afterburner/core/version.h"
 #include "commands.h"
 
 int main(int argc, char** argv) {
   using namespace afterburner;
   CLI::App app{"afterburner: make PyTorch models train and serve fast on this machine"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "afterburner 0.1.0");
+  app.set_version_flag("--version", std::string("afterburner ") + version());
   std::vector<tools::Command> commands{tools::add_train_command(app),
                                        tools::add_profile_command(app),
                                        tools::add_optimize_command(app),
                                        tools::add_serve_command(app),
-                                       tools::add_loadgen_command(app)};
+                                       tools::add_loadgen_command(app),
+                                       tools::add_bench_command(app),
+                                       tools::add_sketch_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -8,6 +8,9 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/models/residual.h"
+#include "afterburner/sketch/script.h"
+#include "afterburner/sketch/skconv2d.h"
+#include "afterburner/sketch/sklinear.h"
 
 namespace afterburner::models {
 namespace nn = torch::nn;
@@ -69,6 +72,8 @@ Module export_layer(const std::shared_ptr<nn::Module>& layer, const CompilationU
                               "self.running_var, False, 0.0, {}, False)",
                               bn->options.eps()));
   }
+  if (auto sketched = std::dynamic_pointer_cast<sketch::SKLinearImpl>(layer)) return sketch::script_layer(*sketched, unit);
+  if (auto sketched = std::dynamic_pointer_cast<sketch::SKConv2dImpl>(layer)) return sketch::script_layer(*sketched, unit);
   if (std::dynamic_pointer_cast<nn::ReLUImpl>(layer)) return define("ReLU", "torch.relu(x)");
   if (std::dynamic_pointer_cast<nn::DropoutImpl>(layer)) return define("Identity", "x");
   if (std::dynamic_pointer_cast<nn::FlattenImpl>(layer)) {

@@ -410,6 +410,15 @@ InferRequest parse_infer_request(std::string& body, std::optional<std::size_t> j
 
 Reply encode_infer_response(const ModelConfig& config, const InferRequest& request,
                             const std::vector<at::Tensor>& outputs) {
+  // JSON has no NaN or Infinity: such outputs travel only in the binary extension.
+  for (const auto& wanted : request.outputs) {
+    const at::Tensor& tensor = outputs.at(spec_index(config.outputs, wanted.name));
+    if (!wanted.binary && tensor.is_floating_point() && !tensor.isfinite().all().item<bool>()) {
+      return error_reply(500, fmt::format("output '{}' of model '{}' holds NaN or infinite values, which JSON cannot "
+                                          "carry; request it with \"binary_data\": true",
+                                          wanted.name, config.name));
+    }
+  }
   Reply reply;
   std::string binary;
   std::string& out = reply.body;

@@ -4,30 +4,13 @@
 #include <torch/nn/init.h>
 
 #include <cmath>
-#include <iostream>
-#include <string>
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "afterburner/kernels/low_rank.h"
+#include "signs.h"
 
 namespace afterburner::sketch {
-namespace {
-
-// L independent k-column sign matrices scaled to unit expected column norm: +-1/sqrt(k).
-torch::Tensor scaled_signs(std::vector<int64_t> shape, int64_t rank) {
-  return (torch::randint(0, 2, shape, torch::kFloat) * 2 - 1) / std::sqrt(static_cast<double>(rank));
-}
-
-void check_options(const SKLinearOptions& o) {
-  for (auto [name, value] : {std::pair<const char*, int64_t>{"in_features", o.in_features()},
-                             {"out_features", o.out_features()},
-                             {"terms", o.terms()},
-                             {"rank", o.rank()}}) {
-    if (value < 1) throw UsageError(std::string("SKLinear ") + name, "must be at least 1, got " + std::to_string(value));
-  }
-}
-
-}  // namespace
 
 bool sketch_saves_nothing(const SKLinearOptions& o) {
   return 2 * o.terms() * o.rank() * (o.in_features() + o.out_features()) > o.in_features() * o.out_features();
@@ -35,12 +18,13 @@ bool sketch_saves_nothing(const SKLinearOptions& o) {
 
 SKLinearImpl::SKLinearImpl(const SKLinearOptions& options, const torch::Tensor& dense_weight)
     : options(options), dense_weight_(dense_weight) {
-  check_options(options);
-  if (dense_weight.defined() && dense_weight.sizes() != torch::IntArrayRef{options.out_features(), options.in_features()}) {
-    throw UsageError("SKLinear dense_weight", fmt::format("expected [{}, {}] (torch::nn::Linear's layout), got {}",
-                                                          options.out_features(), options.in_features(),
-                                                          c10::str(dense_weight.sizes())));
-  }
+  detail::require_at_least("SKLinear", 1,
+                           {{"in_features", options.in_features()},
+                            {"out_features", options.out_features()},
+                            {"terms", options.terms()},
+                            {"rank", options.rank()}});
+  detail::require_dense_layout("SKLinear", dense_weight, {options.out_features(), options.in_features()},
+                               "torch::nn::Linear");
   reset();
   dense_weight_ = torch::Tensor();
 }
@@ -52,9 +36,9 @@ void SKLinearImpl::reset() {
   const int64_t in = options.in_features(), out = options.out_features();
   const int64_t terms = options.terms(), rank = options.rank();
   if (sketch_saves_nothing(options)) {
-    std::cerr << fmt::format("afterburner: SKLinear({}, {}, terms {}, rank {}) has {} parameters, the dense layer {}: "
-                             "no saving\n",
-                             in, out, terms, rank, 2 * terms * rank * (in + out), in * out);
+    detail::warn_saves_nothing(fmt::format("SKLinear({}, {}, terms {}, rank {})", in, out, terms, rank),
+                               fmt::format("runs {} multiply-adds per row, the dense layer {}",
+                                           2 * terms * rank * (in + out), in * out));
   }
   torch::NoGradGuard no_grad;
   torch::Tensor dense = dense_weight_;
@@ -63,8 +47,8 @@ void SKLinearImpl::reset() {
     torch::nn::init::kaiming_uniform_(dense, std::sqrt(5.0));  // torch::nn::Linear's draw
   }
   const torch::Tensor w = dense.to(torch::kFloat).t();  // [d_in, d_out]
-  U1s = register_buffer("U1s", scaled_signs({terms, rank, out}, rank));
-  U2s = register_buffer("U2s", scaled_signs({terms, in, rank}, rank));
+  U1s = register_buffer("U1s", detail::scaled_signs({terms, rank, out}, rank));
+  U2s = register_buffer("U2s", detail::scaled_signs({terms, in, rank}, rank));
   S1s = register_parameter("S1s", w.matmul(U1s.transpose(1, 2)).contiguous());
   S2s = register_parameter("S2s", U2s.transpose(1, 2).matmul(w).contiguous());
   if (options.bias()) {
@@ -84,8 +68,7 @@ torch::Tensor SKLinearImpl::forward(const torch::Tensor& input) {
                                           U2s.permute({1, 0, 2}).reshape({in, columns})}, 1);  // [d_in, 2Lk]
   const torch::Tensor second = torch::cat({U1s.reshape({columns, out}), S2s.reshape({columns, out})}, 0);  // [2Lk, d_out]
   const double scale = 1.0 / (2.0 * static_cast<double>(options.terms()));
-  const torch::Tensor projected = rows.mm(first);
-  torch::Tensor y = bias.defined() ? torch::addmm(bias, projected, second, 1.0, scale) : projected.mm(second) * scale;
+  torch::Tensor y = kernels::low_rank_linear(rows, first, second, bias, scale);
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.back() = out;
   return y.view(sizes);

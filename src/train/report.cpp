@@ -10,6 +10,7 @@ nlohmann::json TrainReport::to_json() const {
                    {"batch_size", batch_size},
                    {"threads", threads},
                    {"workers", workers},
+                   {"trainable_parameters", trainable_parameters},
                    {"steps", steps},
                    {"skipped_steps", skipped_steps},
                    {"test_accuracy", test_accuracy},
@@ -27,8 +28,8 @@ nlohmann::json TrainReport::to_json() const {
 }
 
 std::string TrainReport::summary() const {
-  std::string text = fmt::format("model {} | precision {} | batch {} | threads {} | workers {}\n", model,
-                                 precision, batch_size, threads, workers);
+  std::string text = fmt::format("model {} ({} trainable parameters) | precision {} | batch {} | threads {} | workers {}\n",
+                                 model, trainable_parameters, precision, batch_size, threads, workers);
   text += fmt::format("test accuracy      {:.4f}", test_accuracy);
   if (!test_accuracy_per_epoch.empty()) {
     text += fmt::format(" (per epoch: {:.4f})", fmt::join(test_accuracy_per_epoch, ", "));

@@ -19,6 +19,7 @@
 #include "afterburner/models/export.h"
 #include "afterburner/models/zoo.h"
 #include "afterburner/profile/memory.h"
+#include "afterburner/sketch/sequential.h"
 #include "afterburner/train/checkpointed.h"
 #include "afterburner/train/profile_steps.h"
 #include "afterburner/train/trainer.h"
@@ -88,6 +89,16 @@ void write_report(const TrainReport& report, const std::string& path) {
   if (!out) throw Error(path + ": cannot write the report");
 }
 
+torch::nn::Sequential sketched(const torch::nn::Sequential& model, const TrainConfig& config) {
+  auto result = sketch::sketch_sequential(model, sketch::SketchConfig()
+                                                     .terms(config.sketch_terms)
+                                                     .rank(config.sketch_rank)
+                                                     .budget(config.sketch_rank > 0 ? 0.0 : config.sketch_budget));
+  for (const auto& layer : result.report.layers) fmt::print(stderr, "afterburner: sketch: {}\n", sketch::describe(layer));
+  fmt::print(stderr, "afterburner: sketch: {}\n", sketch::describe(result.report));
+  return result.model;
+}
+
 }  // namespace
 
 std::string checkpoint_file(const std::string& checkpoint_dir) {
@@ -117,6 +128,7 @@ TrainReport run_training(const TrainConfig& config) {
   auto test_chain = data::compose({data::to_float(1.0 / 255), data::normalize(norm.mean, norm.std)});
 
   auto model = models::make_model(config.model, models::ModelOptions().in_channels(norm.channels).image_size(norm.size));
+  if (config.sketch) model = sketched(model, config);
   bool channels_last = config.channels_last && config.model != "mlp";
   auto loader_options = data::LoaderOptions()
                             .batch_size(config.batch_size)
@@ -191,6 +203,7 @@ TrainReport run_training(const TrainConfig& config) {
   report.batch_size = config.batch_size;
   report.threads = at::get_num_threads();
   report.workers = workers;
+  for (const auto& p : model->parameters()) report.trainable_parameters += p.numel();
   if (!config.export_path.empty()) models::export_torchscript(model, config.export_path);
   if (!config.report.empty()) write_report(report, config.report);
   return report;

@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "testing.h"
@@ -155,6 +158,26 @@ TEST(Protocol, BinaryOutputsForTheRequestOrPerOutput) {
   ASSERT_EQ(outputs.size(), 1u);
   EXPECT_EQ(outputs[0].first, "features");
   expect_identical(outputs[0].second, features);
+}
+
+// JSON has no NaN or Infinity: a JSON response would be invalid, so the reply is an error
+// that names the output, and the binary extension still carries the values.
+TEST(Protocol, NonFiniteOutputsAreRefusedInJsonAndCarriedInBinary) {
+  std::string input = encode_infer_request({{"input", torch::zeros({1, 1, 28, 28})}}).body;
+  at::Tensor features = torch::zeros({1, 2}, torch::kLong);
+  for (double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    at::Tensor logits = torch::zeros({1, 10});
+    logits[0][3] = bad;
+    Reply reply = encode_infer_response(model_config(), parse(input), {logits, features});
+    EXPECT_EQ(reply.status, 500);
+    EXPECT_TRUE(Contains(nlohmann::json::parse(reply.body)["error"].get<std::string>(),
+                         "output 'output' of model 'cnn' holds NaN or infinite values"));
+    const std::string binary = input.substr(0, input.size() - 1) + R"(,"parameters":{"binary_data_output":true}})";
+    reply = encode_infer_response(model_config(), parse(binary), {logits, features});
+    ASSERT_EQ(reply.status, 200);
+    auto outputs = parse_infer_response(reply.body, std::stoul(reply.headers.at(0).second));
+    EXPECT_TRUE(torch::allclose(outputs.at(0).second, logits, 0, 0, /*equal_nan=*/true));
+  }
 }
 
 TEST(Protocol, ErrorReplyIsOneJsonField) {

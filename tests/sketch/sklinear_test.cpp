@@ -7,25 +7,11 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "reference.h"
 #include "testing.h"
 
 namespace afterburner::sketch {
 namespace {
-
-// The definition, term by term, in double: 1/(2L) sum_i [ (X S1_i) U1_i + (X U2_i) S2_i ] + b.
-torch::Tensor reference(const torch::Tensor& x, const torch::Tensor& s1, const torch::Tensor& s2,
-                        const torch::Tensor& u1, const torch::Tensor& u2, const torch::Tensor& bias) {
-  const int64_t terms = s1.size(0);
-  torch::Tensor sum = torch::zeros({x.size(0), s2.size(2)}, x.options());
-  for (int64_t i = 0; i < terms; ++i) sum = sum + x.mm(s1[i]).mm(u1[i]) + x.mm(u2[i]).mm(s2[i]);
-  sum = sum / (2.0 * static_cast<double>(terms));
-  return bias.defined() ? sum + bias : sum;
-}
-
-double relative_error(const torch::Tensor& actual, const torch::Tensor& expected) {
-  const torch::Tensor e = expected.to(torch::kDouble);
-  return ((actual.to(torch::kDouble) - e).norm() / e.norm()).item<double>();
-}
 
 struct Shape {
   int64_t batch, in, out, rank, terms;
@@ -48,12 +34,12 @@ void expect_matches_definition(const Shape& s, bool with_bias, bool strided_inpu
   std::vector<torch::Tensor> in_double;
   for (const auto& t : trained) in_double.push_back(t.detach().to(torch::kDouble).requires_grad_());
   const torch::Tensor expected =
-      reference(in_double[0], in_double[1], in_double[2], layer->U1s.to(torch::kDouble), layer->U2s.to(torch::kDouble),
+      reference::sklinear(in_double[0], in_double[1], in_double[2], layer->U1s.to(torch::kDouble), layer->U2s.to(torch::kDouble),
                 with_bias ? in_double[3] : torch::Tensor());
   const auto expected_grads = torch::autograd::grad({expected}, in_double, {upstream.to(torch::kDouble)});
 
-  EXPECT_LE(relative_error(y, expected), 1e-4);
-  for (size_t i = 0; i < trained.size(); ++i) EXPECT_LE(relative_error(grads[i], expected_grads[i]), 1e-4) << "gradient " << i;
+  EXPECT_LE(reference::relative_error(y, expected), 1e-4);
+  for (size_t i = 0; i < trained.size(); ++i) EXPECT_LE(reference::relative_error(grads[i], expected_grads[i]), 1e-4) << "gradient " << i;
   EXPECT_FALSE(layer->U1s.requires_grad());
   EXPECT_FALSE(layer->U2s.requires_grad());
 }

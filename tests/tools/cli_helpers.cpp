@@ -1,5 +1,6 @@
 #include "cli_helpers.h"
 
+#include <torch/script.h>
 #include <zlib.h>
 
 #include <cctype>
@@ -121,6 +122,18 @@ std::string test_name(const std::string& text) {
 
 nlohmann::json read_json(const std::filesystem::path& path) {
   return nlohmann::json::parse(read_file(path));
+}
+
+void write_io_fixture(const std::filesystem::path& path, const torch::Tensor& input, const torch::Tensor& output) {
+  torch::jit::Module io("Fixture");
+  io.register_buffer("input", input);
+  io.register_buffer("output", output);
+  io.save(path.string());
+}
+
+CommandResult python_check(const std::filesystem::path& model, const std::filesystem::path& io) {
+  return run({"/usr/bin/python3", (source_dir() / "bench" / "export_reference.py").string(), "--check",
+              model.string(), io.string()});
 }
 
 }  // namespace afterburner::testing

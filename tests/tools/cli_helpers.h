@@ -58,4 +58,10 @@ std::string test_name(const std::string& text);
 
 nlohmann::json read_json(const std::filesystem::path& path);
 
+// Writes the fixture bench/export_reference.py compares against: `input` and the C++ `output`.
+void write_io_fixture(const std::filesystem::path& path, const torch::Tensor& input, const torch::Tensor& output);
+
+// Python's torch.jit.load runs `model` on the fixture's input: exit 0 when it reproduces the output.
+CommandResult python_check(const std::filesystem::path& model, const std::filesystem::path& io);
+
 }  // namespace afterburner::testing

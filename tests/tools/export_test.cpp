@@ -9,19 +9,6 @@
 namespace afterburner::testing {
 namespace {
 
-// Writes the fixture export_reference.py compares against: `input` and the C++ `output`.
-void write_io_fixture(const std::filesystem::path& path, const torch::Tensor& input, const torch::Tensor& output) {
-  torch::jit::Module io("Fixture");
-  io.register_buffer("input", input);
-  io.register_buffer("output", output);
-  io.save(path.string());
-}
-
-CommandResult python_check(const std::filesystem::path& model, const std::filesystem::path& io) {
-  return run({"/usr/bin/python3", (source_dir() / "bench" / "export_reference.py").string(), "--check",
-              model.string(), io.string()});
-}
-
 class CliExport : public ::testing::TestWithParam<std::string> {
  protected:
   // Trains `model` for a few steps on a synthetic set and exports it; returns the export.

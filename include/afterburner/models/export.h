@@ -13,7 +13,8 @@
 namespace afterburner::models {
 
 // Layers supported: Conv2d, Linear, BatchNorm2d, ReLU, MaxPool2d, AdaptiveAvgPool2d, Flatten,
-// Dropout (dropped), BasicBlock and nested Sequential. Any other layer throws an Error naming it.
+// Dropout (dropped), BasicBlock, nested Sequential, and the sketched SKLinear and SKConv2d
+// (as sketch::script_layer writes them). Any other layer throws an Error naming it.
 // Parameters keep their names (weight, bias, running_mean, ...); layer i becomes submodule "layer<i>".
 void export_torchscript(const torch::nn::Sequential& model, const std::string& path);
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "afterburner/core/threads.h"
+#include "afterburner/core/version.h"
 #include "afterburner/serve/repository.h"
 #include "afterburner/serve/service.h"
 
@@ -27,7 +28,7 @@ struct ModelServiceOptions {
   TORCH_ARG(bool, dynamic_batching) = true;
   // true: the constructor returns once every model is warmed up, throwing if a warm-up failed.
   TORCH_ARG(bool, wait_for_warm_up) = true;
-  TORCH_ARG(std::string, server_version) = "0.1.0";
+  TORCH_ARG(std::string, server_version) = version();
 };
 
 class ModelService : public Service {

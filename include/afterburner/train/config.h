@@ -37,6 +37,10 @@ struct TrainConfig {
   bool fuse = true;                // afterburner's fused ops, loss and optimizer step
   bool channels_last = false;     // measured slower end to end for cnn here (BENCHMARKS.md)
   bool keep_freed_memory = true;   // core/heap.h
+  bool sketch = false;             // replace Linear/Conv2d layers by sketched ones (sketch/sequential.h)
+  int64_t sketch_terms = 1;        // L
+  int64_t sketch_rank = 0;         // k; 0 = the largest within sketch_budget
+  double sketch_budget = 0.25;     // fraction of each layer's weights its sketch may use
   std::vector<int64_t> checkpoint_layers;  // activation checkpointing of these layer indices
   std::string checkpoint_dir;      // empty = no checkpoints
   int64_t checkpoint_every = 0;    // steps; 0 = at epoch ends only

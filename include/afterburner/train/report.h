@@ -27,6 +27,7 @@ struct TrainReport {
   int64_t batch_size = 0;
   int64_t threads = 0;
   int64_t workers = 0;
+  int64_t trainable_parameters = 0;
   int64_t steps = 0;                   // optimizer steps taken (all sessions of a resumed run)
   int64_t skipped_steps = 0;           // steps dropped for an inf/NaN loss or gradient
   double test_accuracy = 0;            // of the last evaluation

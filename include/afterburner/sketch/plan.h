@@ -1,0 +1,66 @@
+// Which dense layers a model's sketch replaces, and with what rank: one rule shared by the
+// C++ modules (sketch_sequential), TorchScript files (sketch_script) and `afterburner sketch`.
+//
+//   namespace sketch = afterburner::sketch;
+//   auto config = sketch::SketchConfig().terms(1).budget(0.25);   // or .rank(64)
+//   auto plan = sketch::plan_layer(config, "fc1", sketch::LayerKind::linear, {1024, 784}, true);
+//   if (plan.replaced()) use(plan.rank);                           // else plan.kept_because says why
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace afterburner::sketch {
+
+// Exactly one of rank and budget is set: a fixed k for every layer, or the largest k whose
+// trainable weights stay within `budget` times the dense layer's.
+struct SketchConfig {
+  TORCH_ARG(int64_t, terms) = 1;     // L
+  TORCH_ARG(int64_t, rank) = 0;      // k; 0: derived from the budget
+  TORCH_ARG(double, budget) = 0.0;   // in (0, 1); 0: a fixed rank
+};
+
+// Throws UsageError naming "sketch terms", "sketch rank" or "sketch budget".
+void check_config(const SketchConfig& config);
+
+enum class LayerKind { linear, conv2d };
+const char* to_string(LayerKind kind);
+
+struct LayerPlan {
+  std::string name;                   // the layer's path in its model, e.g. "0" or "features.3"
+  LayerKind kind = LayerKind::linear;
+  std::vector<int64_t> weight_shape;  // torch layout: [out, in] or [C_out, C_in, Kh, Kw]
+  int64_t dense_params = 0;           // weight + bias
+  int64_t sketched_params = 0;        // trainable after sketching (S1s, S2s, bias); dense_params if kept
+  int64_t rank = 0;                   // k when replaced, 0 when kept
+  std::string kept_because;           // empty when the layer is replaced
+  bool replaced() const { return kept_because.empty(); }
+};
+
+// A layer is replaced when its sketch costs less than the dense layer (sketch_saves_nothing is
+// false: SKLinear 2Lk(d_in + d_out) < d_in d_out, SKConv2d 2Lk < C_out); it then trains
+// Lk(d_in + d_out) or 2Lk C_in Kh Kw weights. A budget gives the largest k whose trained
+// weights stay within budget times the dense weight count.
+LayerPlan plan_layer(const SketchConfig& config, std::string name, LayerKind kind,
+                     std::vector<int64_t> weight_shape, bool has_bias);
+
+// A plan for a layer that cannot be sketched at all (grouped convolution, ...).
+LayerPlan keep_layer(std::string name, LayerKind kind, std::vector<int64_t> weight_shape, bool has_bias,
+                     std::string reason);
+
+struct SketchReport {
+  std::vector<LayerPlan> layers;  // every Linear and Conv2d found, replaced or kept
+  int64_t params_before = 0;      // the model's trainable parameters
+  int64_t params_after = 0;
+  int64_t replaced_count() const;
+};
+
+// One line each: "fc1 (Linear [1024, 784]): rank 96, 174592 of 803840 parameters" or
+// "... kept: <reason>"; "1863690 -> 382474 trainable parameters (4.87x fewer), 2 of 3 layers sketched".
+std::string describe(const LayerPlan& layer);
+std::string describe(const SketchReport& report);
+
+}  // namespace afterburner::sketch

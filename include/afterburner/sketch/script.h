@@ -1,0 +1,36 @@
+// Sketched layers in TorchScript: a whole model file rewritten (`afterburner sketch`), or one
+// layer scripted for export. Python's torch.jit.load runs the result; each sketched layer is a
+// submodule holding S1s, S2s (SKLinear only), U1s, U2s (SKLinear only) and bias.
+//
+//   namespace sketch = afterburner::sketch;
+//   torch::jit::Module model = torch::jit::load("mlp.pt");
+//   auto report = sketch::sketch_script(model, sketch::SketchConfig().terms(1).rank(64));
+//   for (const auto& layer : report.layers) std::cout << layer.name << " " << layer.replaced() << "\n";
+//   model.save("mlp-sketched.pt");
+#pragma once
+
+#include <torch/csrc/jit/api/module.h>
+
+#include <memory>
+
+#include "afterburner/sketch/plan.h"
+
+namespace afterburner::sketch {
+
+class SKLinearImpl;
+class SKConv2dImpl;
+
+// The layer's state (copied) and a TorchScript forward computing what its C++ forward does.
+torch::jit::Module script_layer(const SKLinearImpl& layer, const std::shared_ptr<torch::jit::CompilationUnit>& unit);
+torch::jit::Module script_layer(const SKConv2dImpl& layer, const std::shared_ptr<torch::jit::CompilationUnit>& unit);
+
+// Replaces, in place, every submodule whose forward is exactly one linear or conv2d of its own
+// weight and bias (torch.nn.Linear and Conv2d as Python scripts or traces them, afterburner's
+// exports) by a sketched layer initialised from that weight, where plan_layer says it saves
+// weights. Layers that cannot be replaced are reported with the reason and left as they are:
+// a grouped or dilated convolution, a layer whose module is used other than by calling it, a
+// layer sharing its TorchScript class with one that is kept. Checks that the result reloads.
+// Throws UsageError for a bad config.
+SketchReport sketch_script(torch::jit::Module& model, const SketchConfig& config);
+
+}  // namespace afterburner::sketch

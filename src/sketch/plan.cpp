@@ -1,0 +1,108 @@
+#include "afterburner/sketch/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+
+#include "afterburner/core/error.h"
+#include "afterburner/sketch/skconv2d.h"
+#include "afterburner/sketch/sklinear.h"
+
+namespace afterburner::sketch {
+namespace {
+
+int64_t product(const std::vector<int64_t>& sizes) {
+  return std::accumulate(sizes.begin(), sizes.end(), int64_t{1}, std::multiplies<>());
+}
+
+// Trainable weights each unit of rank adds: a column of S1_i and a row of S2_i per term for
+// SKLinear, 2L filters for SKConv2d (the U buffers are fixed, not trained).
+int64_t params_per_rank(int64_t terms, LayerKind kind, const std::vector<int64_t>& shape) {
+  if (kind == LayerKind::linear) return terms * (shape[0] + shape[1]);
+  return 2 * terms * shape[1] * shape[2] * shape[3];
+}
+
+// Why the sketch of `rank` saves nothing (the layers' own sketch_saves_nothing rule), or "".
+std::string saves_nothing(const SketchConfig& config, LayerKind kind, const std::vector<int64_t>& shape, int64_t rank) {
+  const int64_t sketches = 2 * config.terms() * rank;
+  if (kind == LayerKind::linear) {
+    if (!sketch_saves_nothing(SKLinearOptions(shape[1], shape[0]).terms(config.terms()).rank(rank))) return "";
+    return fmt::format("rank {} would not save: 2Lk(d_in + d_out) = {} > d_in d_out = {}", rank,
+                       sketches * (shape[0] + shape[1]), shape[0] * shape[1]);
+  }
+  if (!sketch_saves_nothing(SKConv2dOptions(shape[1], shape[0], {shape[2], shape[3]}).terms(config.terms()).rank(rank))) {
+    return "";
+  }
+  return fmt::format("rank {} would not save: 2Lk = {} >= C_out = {}", rank, sketches, shape[0]);
+}
+
+// Both layers keep the dense bias, one value per output.
+int64_t bias_params(const std::vector<int64_t>& shape, bool has_bias) { return has_bias ? shape[0] : 0; }
+
+}  // namespace
+
+void check_config(const SketchConfig& c) {
+  if (c.terms() < 1) throw UsageError("sketch terms", fmt::format("must be at least 1, got {}", c.terms()));
+  if (c.rank() < 0) throw UsageError("sketch rank", fmt::format("must be at least 1, got {}", c.rank()));
+  if (c.rank() > 0 && c.budget() != 0.0) throw UsageError("sketch rank", "give a rank or a budget, not both");
+  if (c.rank() == 0 && !(c.budget() > 0.0 && c.budget() < 1.0)) {
+    throw UsageError("sketch budget", c.budget() == 0.0 ? "give a rank or a budget"
+                                                        : fmt::format("must be in (0, 1), got {}", c.budget()));
+  }
+}
+
+const char* to_string(LayerKind kind) { return kind == LayerKind::linear ? "Linear" : "Conv2d"; }
+
+LayerPlan keep_layer(std::string name, LayerKind kind, std::vector<int64_t> weight_shape, bool has_bias,
+                     std::string reason) {
+  LayerPlan plan;
+  plan.name = std::move(name);
+  plan.kind = kind;
+  plan.dense_params = product(weight_shape) + bias_params(weight_shape, has_bias);
+  plan.sketched_params = plan.dense_params;
+  plan.weight_shape = std::move(weight_shape);
+  plan.kept_because = std::move(reason);
+  return plan;
+}
+
+LayerPlan plan_layer(const SketchConfig& config, std::string name, LayerKind kind,
+                     std::vector<int64_t> weight_shape, bool has_bias) {
+  LayerPlan plan = keep_layer(std::move(name), kind, std::move(weight_shape), has_bias, "");
+  const int64_t dense_weight = product(plan.weight_shape);
+  const int64_t per_rank = params_per_rank(config.terms(), kind, plan.weight_shape);
+  const int64_t rank = config.rank() > 0
+                           ? config.rank()
+                           : static_cast<int64_t>(std::floor(config.budget() * static_cast<double>(dense_weight) /
+                                                             static_cast<double>(per_rank)));
+  if (rank < 1) {
+    plan.kept_because = fmt::format("a budget of {} allows no rank-1 sketch ({} weights per unit of rank)",
+                                    config.budget(), per_rank);
+  } else if (std::string reason = saves_nothing(config, kind, plan.weight_shape, rank); !reason.empty()) {
+    plan.kept_because = std::move(reason);
+  } else {
+    plan.rank = rank;
+    plan.sketched_params = rank * per_rank + bias_params(plan.weight_shape, has_bias);
+  }
+  return plan;
+}
+
+std::string describe(const LayerPlan& layer) {
+  const std::string what = fmt::format("{} ({} [{}])", layer.name, to_string(layer.kind), fmt::join(layer.weight_shape, ", "));
+  if (!layer.replaced()) return fmt::format("{} kept: {}", what, layer.kept_because);
+  return fmt::format("{}: rank {}, {} of {} parameters", what, layer.rank, layer.sketched_params, layer.dense_params);
+}
+
+std::string describe(const SketchReport& report) {
+  const double fewer = report.params_after > 0 ? static_cast<double>(report.params_before) / report.params_after : 0.0;
+  return fmt::format("{} -> {} trainable parameters ({:.2f}x fewer), {} of {} layers sketched", report.params_before,
+                     report.params_after, fewer, report.replaced_count(), report.layers.size());
+}
+
+int64_t SketchReport::replaced_count() const {
+  return std::count_if(layers.begin(), layers.end(), [](const LayerPlan& p) { return p.replaced(); });
+}
+
+}  // namespace afterburner::sketch
