@@ -12,6 +12,17 @@
 
 namespace afterburner::sketch {
 
+namespace {
+
+// The GEMMs' inner width rounded up to a multiple of 16 floats (one AVX-512 register) when that
+// adds at most an eighth: at 8192 x 8192, batch 64, 2Lk = 30 ran 35% slower than 2Lk = 32.
+int64_t padded_width(int64_t width) {
+  const int64_t padded = (width + 15) / 16 * 16;
+  return (padded - width) * 8 <= width ? padded : width;
+}
+
+}  // namespace
+
 bool sketch_saves_nothing(const SKLinearOptions& o) {
   return 2 * o.terms() * o.rank() * (o.in_features() + o.out_features()) > o.in_features() * o.out_features();
 }
@@ -64,9 +75,13 @@ torch::Tensor SKLinearImpl::forward(const torch::Tensor& input) {
     throw UsageError("SKLinear input", fmt::format("expected [..., {}], got {}", in, c10::str(input.sizes())));
   }
   const torch::Tensor rows = input.reshape({-1, in});
+  // Zero columns of `first` and rows of `second` up to padded_width(2Lk) leave the product as it is.
+  const int64_t padding = padded_width(2 * columns) - 2 * columns;
   const torch::Tensor first = torch::cat({S1s.permute({1, 0, 2}).reshape({in, columns}),
-                                          U2s.permute({1, 0, 2}).reshape({in, columns})}, 1);  // [d_in, 2Lk]
-  const torch::Tensor second = torch::cat({U1s.reshape({columns, out}), S2s.reshape({columns, out})}, 0);  // [2Lk, d_out]
+                                          U2s.permute({1, 0, 2}).reshape({in, columns}),
+                                          torch::zeros({in, padding}, S1s.options())}, 1);  // [d_in, 2Lk + padding]
+  const torch::Tensor second = torch::cat({U1s.reshape({columns, out}), S2s.reshape({columns, out}),
+                                           torch::zeros({padding, out}, S2s.options())}, 0);  // [2Lk + padding, d_out]
   const double scale = 1.0 / (2.0 * static_cast<double>(options.terms()));
   torch::Tensor y = kernels::low_rank_linear(rows, first, second, bias, scale);
   std::vector<int64_t> sizes = input.sizes().vec();

@@ -56,6 +56,12 @@ INSTANTIATE_TEST_SUITE_P(Acceptance, SKLinearShapes,
                                                               Shape{32, 1024, 2048, 128, 1}, Shape{64, 512, 512, 32, 3}),
                                             ::testing::Bool(), ::testing::Bool()));
 
+// 2Lk = 30 and 60 run padded to 32 and 64 inner columns; 2Lk = 14 and 34 do not.
+INSTANTIATE_TEST_SUITE_P(PaddedWidths, SKLinearShapes,
+                         ::testing::Combine(::testing::Values(Shape{8, 300, 200, 15, 1}, Shape{8, 300, 200, 15, 2},
+                                                              Shape{8, 300, 200, 7, 1}, Shape{8, 300, 200, 17, 1}),
+                                            ::testing::Values(true), ::testing::Bool()));
+
 TEST(SKLinear, ShapesAndNamesOfParametersAndBuffers) {
   SKLinear layer(SKLinearOptions(20, 12).terms(3).rank(4));
   EXPECT_EQ(layer->S1s.sizes(), (std::vector<int64_t>{3, 20, 4}));
