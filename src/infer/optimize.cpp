@@ -11,6 +11,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/infer/model_file.h"
+#include "afterburner/infer/onednn_linear.h"
 
 namespace afterburner::infer {
 using torch::jit::Graph;
@@ -190,7 +191,10 @@ OptimizeResult optimize(const Module& model, const OptimizeOptions& options) {
 
 Module prepare_for_inference(const Module& optimized) {
   Module copy = optimized.clone();
-  return torch::jit::optimize_for_inference(copy);
+  Module prepared = torch::jit::optimize_for_inference(copy);
+  auto graph = prepared.get_method("forward").graph();
+  route_matmuls_to_onednn(graph);
+  return prepared;
 }
 
 Module load_optimized(const std::string& path) { return prepare_for_inference(load_model(path)); }

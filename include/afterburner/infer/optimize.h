@@ -50,8 +50,9 @@ struct OptimizeResult {
 OptimizeResult optimize(const torch::jit::Module& model, const OptimizeOptions& options = {});
 
 // torch::jit::optimize_for_inference on a copy of an optimized (frozen) model: convolutions on
-// oneDNN's blocked layout with prepacked weights, linear weights pre-transposed. Same outputs
-// up to float rounding; the result cannot be saved.
+// oneDNN's blocked layout with prepacked weights, linear weights pre-transposed, then fp32
+// linear layers routed to oneDNN's GEMM (onednn_linear.h). Same outputs up to float rounding;
+// the result cannot be saved.
 torch::jit::Module prepare_for_inference(const torch::jit::Module& optimized);
 
 // load_model then prepare_for_inference. Throws ModelError naming the file.
