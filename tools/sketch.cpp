@@ -25,6 +25,10 @@ int run_sketch(const SketchArgs& args) {
   torch::jit::Module model = infer::load_model(args.input);
   const auto report = sketch::sketch_script(model, config);
   for (const auto& layer : report.layers) std::cout << sketch::describe(layer) << "\n";
+  if (report.layers.empty()) {
+    throw Error(args.input + ": no Linear or Conv2d submodule to sketch (a frozen model, as `afterburner optimize` "
+                             "writes, has none: sketch before optimizing); nothing written");
+  }
   if (report.replaced_count() == 0) {
     throw Error(args.input + ": no layer was sketched (" + std::to_string(report.layers.size()) +
                 " Linear or Conv2d layers found); nothing written");

@@ -99,6 +99,12 @@ TEST_F(CliSketch, BadInputGetsOneErrorLineAndWritesNothing) {
   EXPECT_TRUE(fails_with(run_cli({"sketch", dense.string(), "-o", out.string(), "--rank", "1000"}), 1,
                          {dense.string(), "no layer was sketched"}));
   EXPECT_FALSE(std::filesystem::exists(out));
+
+  const auto frozen = dir_ / "mlp-opt.pt";
+  ASSERT_EQ(run_cli({"optimize", dense.string(), "-o", frozen.string(), "--measure-seconds", "0"}).exit_code, 0);
+  EXPECT_TRUE(fails_with(run_cli({"sketch", frozen.string(), "-o", out.string(), "--rank", "4"}), 1,
+                         {frozen.string(), "no Linear or Conv2d submodule to sketch", "sketch before optimizing"}));
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 }  // namespace
