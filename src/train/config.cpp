@@ -157,7 +157,7 @@ std::vector<ConfigField> make_fields() {
       flag("channels_last", "keep image batches and conv weights channels_last", &TrainConfig::channels_last),
       flag("keep_freed_memory", "keep freed memory in the process for the next step instead of returning it to the OS",
            &TrainConfig::keep_freed_memory),
-      flag("sketch", "replace Linear and Conv2d layers by sketched ones (SKLinear, SKConv2d) where that saves weights",
+      flag("sketch", "replace Linear and Conv2d layers by sketched ones (SKLinear, SKConv2d) where the sketch costs less",
            &TrainConfig::sketch),
       integer("sketch_terms", "sketched terms per layer (L)", &TrainConfig::sketch_terms, 1),
       integer("sketch_rank", "rank of each sketched term (k); 0 = the largest within --sketch-budget",

@@ -93,7 +93,7 @@ void expect_conv_definition(const jit::Module& layer, std::vector<int64_t> input
   EXPECT_LE(reference::relative_error(jit::Module(layer).forward({x.to(torch::kFloat)}).toTensor(), expected), 1e-5);
 }
 
-TEST_F(SketchScript, ReplacesTheLinearLayersThatSaveWeights) {
+TEST_F(SketchScript, ReplacesTheLinearLayersWhoseSketchCostsLess) {
   jit::Module model = load("blocks");
   const jit::Module original = load("blocks");
   auto report = sketch_script(model, SketchConfig().terms(1).rank(4));

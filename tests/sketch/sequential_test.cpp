@@ -21,7 +21,7 @@ nn::Sequential small_cnn() {
                         nn::ReLU(), nn::Linear(64, 10));
 }
 
-TEST(SketchSequential, ReplacesLayersThatSaveWeightsFromTheirWeights) {
+TEST(SketchSequential, ReplacesLayersWhoseSketchCostsLessFromTheirWeights) {
   torch::manual_seed(1);
   nn::Sequential dense = small_cnn();
   auto sketched = sketch_sequential(dense, SketchConfig().terms(1).rank(5));

@@ -26,10 +26,11 @@ torch::jit::Module script_layer(const SKConv2dImpl& layer, const std::shared_ptr
 
 // Replaces, in place, every submodule whose forward is exactly one linear or conv2d of its own
 // weight and bias (torch.nn.Linear and Conv2d as Python scripts or traces them, afterburner's
-// exports) by a sketched layer initialised from that weight, where plan_layer says it saves
-// weights. Layers that cannot be replaced are reported with the reason and left as they are:
-// a grouped or dilated convolution, a layer whose module is used other than by calling it, a
-// layer sharing its TorchScript class with one that is kept. Checks that the result reloads.
+// exports) by a sketched layer initialised from that weight, where plan_layer says the sketch
+// costs less. Layers that cannot be replaced are reported with the reason and left as they are:
+// a grouped, dilated or transposed convolution, a layer whose module is used other than by
+// calling it, a layer sharing its TorchScript class with one that is kept. Checks that the
+// result reloads.
 // Throws UsageError for a bad config.
 SketchReport sketch_script(torch::jit::Module& model, const SketchConfig& config);
 

@@ -1,6 +1,6 @@
 // Sketching a C++ model: the Linear and Conv2d layers at the top level of a Sequential (as
 // kernels::fuse rewrites it) replaced by SKLinear and SKConv2d initialised from their weights,
-// where plan_layer says it saves weights. `afterburner train --sketch` trains models made so.
+// where plan_layer says the sketch costs less. `afterburner train --sketch` trains models made so.
 //
 //   namespace sketch = afterburner::sketch;
 //   auto model = afterburner::models::make_model("mlp");
