@@ -247,6 +247,12 @@ void validate(const TrainConfig& config) {
   if (config.trace.size() && config.profile_steps == 0) {
     throw UsageError("--trace", "needs --profile N");
   }
+  const TrainConfig defaults;
+  for (auto [flag, changed] : {std::pair<const char*, bool>{"--sketch-terms", config.sketch_terms != defaults.sketch_terms},
+                               {"--sketch-rank", config.sketch_rank != defaults.sketch_rank},
+                               {"--sketch-budget", config.sketch_budget != defaults.sketch_budget}}) {
+    if (changed && !config.sketch) throw UsageError(flag, "needs --sketch");
+  }
 }
 
 }  // namespace afterburner::train

@@ -85,6 +85,12 @@ TEST(CliUsage, TraceNeedsProfile) {
   EXPECT_TRUE(fails_with(run_cli({"train", "--trace", "t.json"}), 2, {"--trace", "--profile"}));
 }
 
+TEST(CliUsage, SketchSettingsNeedSketch) {
+  EXPECT_TRUE(fails_with(run_cli({"train", "--sketch-rank", "8"}), 2, {"--sketch-rank", "needs --sketch"}));
+  EXPECT_TRUE(fails_with(run_cli({"train", "--sketch-terms", "2"}), 2, {"--sketch-terms", "needs --sketch"}));
+  EXPECT_TRUE(fails_with(run_cli({"train", "--sketch-budget", "0.5"}), 2, {"--sketch-budget", "needs --sketch"}));
+}
+
 TEST(CliUsage, UnknownModelNamesItAndTheKnownOnes) {
   TempDir dir;
   write_synthetic_mnist(dir.path(), 64, 32);
