@@ -123,20 +123,30 @@ struct Structure {
   torch::Tensor rows, signs;  // as in SketchOperator
 };
 
+// The nonzeros of a sparse sketch (sjlt, count) as the scatter and gather kernels read them:
+// column j holds `nonzeros` entries sign[j, k] / sqrt(nonzeros) in rows row[j, k].
+template <typename T>
+struct SparseColumns {
+  explicit SparseColumns(const Structure& s)
+      : n(s.input_dim), m(s.sketch_dim), nonzeros(s.rows.size(1)), rows(s.rows.data_ptr<int32_t>()),
+        signs(s.signs.data_ptr<int8_t>()), scale(static_cast<T>(1.0 / std::sqrt(static_cast<double>(nonzeros)))) {}
+  int64_t n, m, nonzeros;
+  const int32_t* rows;
+  const int8_t* signs;
+  T scale;
+};
+
 // sjlt/count, S x: y_r = sum over the nonzeros (r, j) of S of sigma_rj / sqrt(s) x_j, a scatter of
 // each x_j to its s rows.
 template <typename T>
 void scatter_columns(const Structure& s, const T* x, T* y, int64_t begin, int64_t end) {
-  const int64_t n = s.input_dim, m = s.sketch_dim, nonzeros = s.rows.size(1);
-  const int32_t* rows = s.rows.data_ptr<int32_t>();
-  const int8_t* signs = s.signs.data_ptr<int8_t>();
-  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(nonzeros)));
+  const SparseColumns<T> c(s);
   for (int64_t b = begin; b < end; ++b) {
-    const T* xb = x + b * n;
-    T* yb = y + b * m;
-    for (int64_t j = 0; j < n; ++j) {
-      const T v = scale * xb[j];
-      for (int64_t k = 0; k < nonzeros; ++k) yb[rows[j * nonzeros + k]] += signs[j * nonzeros + k] * v;
+    const T* xb = x + b * c.n;
+    T* yb = y + b * c.m;
+    for (int64_t j = 0; j < c.n; ++j) {
+      const T v = c.scale * xb[j];
+      for (int64_t k = 0; k < c.nonzeros; ++k) yb[c.rows[j * c.nonzeros + k]] += c.signs[j * c.nonzeros + k] * v;
     }
   }
 }
@@ -144,17 +154,14 @@ void scatter_columns(const Structure& s, const T* x, T* y, int64_t begin, int64_
 // sjlt/count, S^T y: x_j = sum over column j's nonzeros (r, j) of sigma_rj / sqrt(s) y_r, a gather.
 template <typename T>
 void gather_columns(const Structure& s, const T* y, T* x, int64_t begin, int64_t end) {
-  const int64_t n = s.input_dim, m = s.sketch_dim, nonzeros = s.rows.size(1);
-  const int32_t* rows = s.rows.data_ptr<int32_t>();
-  const int8_t* signs = s.signs.data_ptr<int8_t>();
-  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(nonzeros)));
+  const SparseColumns<T> c(s);
   for (int64_t b = begin; b < end; ++b) {
-    const T* yb = y + b * m;
-    T* xb = x + b * n;
-    for (int64_t j = 0; j < n; ++j) {
+    const T* yb = y + b * c.m;
+    T* xb = x + b * c.n;
+    for (int64_t j = 0; j < c.n; ++j) {
       T sum = 0;
-      for (int64_t k = 0; k < nonzeros; ++k) sum += signs[j * nonzeros + k] * yb[rows[j * nonzeros + k]];
-      xb[j] = scale * sum;
+      for (int64_t k = 0; k < c.nonzeros; ++k) sum += c.signs[j * c.nonzeros + k] * yb[c.rows[j * c.nonzeros + k]];
+      xb[j] = c.scale * sum;
     }
   }
 }
