@@ -269,7 +269,8 @@ void replace_group(jit::Module& model, Group& group, const SketchConfig& config,
   for (Candidate* c : group) sketched.push_back(sketched_module(*c, config, layers));
   for (const jit::Module& m : sketched) {
     if (m.type() != sketched.front().type()) {
-      return keep_group(group, "layers sharing its TorchScript class sketch to different classes");
+      keep_group(group, "layers sharing its TorchScript class sketch to different classes");
+      return;
     }
   }
   const c10::ClassTypePtr& sketched_type = sketched.front().type();
