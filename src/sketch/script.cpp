@@ -26,14 +26,16 @@ namespace {
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // The sizes come from the tensors, so sketched layers of any size share one TorchScript class.
+// The 1/(2L) scales the second operand rather than the output: once frozen, both operands are
+// constants and the layer is two matmuls and a bias add (which infer routes to oneDNN).
 const char* const kLinearForward = R"(
 def forward(self, x):
     terms = self.S1s.size(0)
     columns = terms * self.S1s.size(2)
     first = torch.cat([self.S1s.permute([1, 0, 2]).reshape([-1, columns]),
                        self.U2s.permute([1, 0, 2]).reshape([-1, columns])], 1)
-    second = torch.cat([self.U1s.reshape([columns, -1]), self.S2s.reshape([columns, -1])], 0)
-    return torch.matmul(torch.matmul(x, first), second) * (0.5 / terms){bias}
+    second = torch.cat([self.U1s.reshape([columns, -1]), self.S2s.reshape([columns, -1])], 0) * (0.5 / terms)
+    return torch.matmul(torch.matmul(x, first), second){bias}
 )";
 
 // U1s [2L, k, C_out] becomes the weight [C_out, 2Lk, 1, 1] of a 1x1 convolution mixing the
