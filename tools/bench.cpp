@@ -12,6 +12,7 @@
 
 #include "afterburner/core/heap.h"
 #include "afterburner/core/threads.h"
+#include "afterburner/profile/memory.h"
 #include "afterburner/sketch/benchmark.h"
 #include "commands.h"
 
@@ -53,6 +54,8 @@ void print_table(const sketch::BenchmarkResult& r) {
                            r.param_ratio())
             << fmt::format("{:<22} {:>30} {:>30}\n", "buffers", r.dense.buffers, r.sketched.buffers)
             << fmt::format("{:<22} {:>30} {:>30}\n", "bytes (params+buffers)", r.dense.bytes, r.sketched.bytes)
+            << fmt::format("{:<22} {:>30} {:>30}\n", "step peak tensor bytes", r.dense.step_peak_bytes,
+                           r.sketched.step_peak_bytes)
             << fmt::format("{:<22} {:>30} {:>30} {:>8.1f}x\n", "forward FLOPs", r.dense.forward_flops,
                            r.sketched.forward_flops, r.flop_ratio())
             << fmt::format("{:<22} {:>30} {:>30} {:>8.1f}x\n", "forward ms", ms_text(r.dense.forward),
@@ -94,6 +97,7 @@ int run_landscape(const SketchArgs& args, const sketch::BenchmarkOptions& option
 
 int run_sketch(const SketchArgs& args) {
   ThreadsGuard threads(args.threads > 0 ? args.threads : available_cores());
+  profile::TensorMemory::install();
   // Both layers allocate the same outputs call after call: keep them in the heap (core/heap.h)
   // rather than page-fault them in anew each repetition.
   keep_freed_memory();

@@ -14,6 +14,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/profile/alternate.h"
+#include "afterburner/profile/memory.h"
 #include "afterburner/sketch/sklinear.h"
 
 namespace afterburner::sketch {
@@ -78,6 +79,14 @@ std::function<void()> forward_backward_step(const Layer& layer, const torch::Ten
   };
 }
 
+int64_t step_peak_bytes(const std::function<void()>& step) {
+  if (!profile::TensorMemory::installed()) return 0;
+  const int64_t before = profile::TensorMemory::current_bytes();
+  profile::TensorMemory::reset_peak();
+  step();
+  return profile::TensorMemory::peak_bytes() - before;
+}
+
 nlohmann::json to_json(const Milliseconds& ms) { return {{"median", ms.median}, {"min", ms.min}, {"max", ms.max}}; }
 
 nlohmann::json to_json(const LayerFigures& figures) {
@@ -86,7 +95,8 @@ nlohmann::json to_json(const LayerFigures& figures) {
           {"bytes", figures.bytes},
           {"forward_flops", figures.forward_flops},
           {"forward_ms", to_json(figures.forward)},
-          {"forward_backward_ms", to_json(figures.forward_backward)}};
+          {"forward_backward_ms", to_json(figures.forward_backward)},
+          {"step_peak_bytes", figures.step_peak_bytes}};
 }
 
 std::vector<int64_t> sorted_unique(std::vector<int64_t> values) {
@@ -149,6 +159,8 @@ BenchmarkResult benchmark_sklinear(const BenchmarkOptions& options) {
   std::tie(result.dense.forward_backward, result.sketched.forward_backward) =
       profile::time_alternately(forward_backward_step(dense_layer, input, upstream),
                                 forward_backward_step(sketched_layer, input, upstream), options.reps(), options.warmup());
+  result.dense.step_peak_bytes = step_peak_bytes(forward_backward_step(dense_layer, input, upstream));
+  result.sketched.step_peak_bytes = step_peak_bytes(forward_backward_step(sketched_layer, input, upstream));
   return result;
 }
 

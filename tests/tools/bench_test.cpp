@@ -51,6 +51,13 @@ TEST(CliBench, SketchJsonHasEveryField) {
                        j["sketched"]["forward_backward_ms"]["median"].get<double>());
   EXPECT_DOUBLE_EQ(j.at("flop_ratio").get<double>(), 128.0 * 64 / (2 * 2 * 4 * (128 + 64)));
   EXPECT_DOUBLE_EQ(j.at("param_ratio").get<double>(), (128.0 * 64 + 64) / (2 * 4 * (128 + 64) + 64));
+  // A step allocates at least the gradients of the weights: W's for the dense layer, S1s and
+  // S2s's for the sketched one, whose step stays smaller.
+  const auto dense_peak = j["dense"].at("step_peak_bytes").get<int64_t>();
+  const auto sketched_peak = j["sketched"].at("step_peak_bytes").get<int64_t>();
+  EXPECT_GE(dense_peak, 128 * 64 * 4);
+  EXPECT_GE(sketched_peak, 2 * 4 * (128 + 64) * 4);
+  EXPECT_LT(sketched_peak, dense_peak);
 }
 
 TEST(CliBench, SketchRunsInBf16) {

@@ -47,6 +47,9 @@ struct LayerFigures {
   int64_t forward_flops = 0;      // multiply-adds counted as 2
   Milliseconds forward;           // under torch::NoGradGuard, as inference runs it
   Milliseconds forward_backward;  // gradients of the input and of every parameter
+  // Peak bytes of tensors a forward+backward step allocates (output, saved activations,
+  // gradients) beyond what it starts with; 0 unless profile::TensorMemory is installed.
+  int64_t step_peak_bytes = 0;
 };
 
 struct BenchmarkResult {
@@ -64,7 +67,8 @@ struct BenchmarkResult {
 
 // Times the dense and the sketched layer alternately on one random [batch, in_features] input,
 // so that both see the same machine noise; the times are medians of `reps` repetitions after
-// `warmup` ones. Throws UsageError naming the option for sizes or counts below 1 or another dtype.
+// `warmup` ones. With profile::TensorMemory installed, also each layer's step_peak_bytes.
+// Throws UsageError naming the option for sizes or counts below 1 or another dtype.
 BenchmarkResult benchmark_sklinear(const BenchmarkOptions& options);
 
 // One benchmark per (L, k) of terms_list x ranks (each sorted, duplicates dropped), L outer;
@@ -77,7 +81,8 @@ std::vector<BenchmarkResult> benchmark_landscape(const BenchmarkOptions& options
 std::string dtype_name(torch::Dtype dtype);
 
 // {"in", "out", "terms", "rank", "batch", "dtype", "threads", "reps", "dense": {"params", "buffers",
-// "bytes", "forward_flops", "forward_ms": {"median", "min", "max"}, "forward_backward_ms": {...}},
+// "bytes", "forward_flops", "forward_ms": {"median", "min", "max"}, "forward_backward_ms": {...},
+// "step_peak_bytes"},
 // "sketched": {...}, "forward_speedup", "forward_backward_speedup", "flop_ratio", "param_ratio"}
 nlohmann::json to_json(const BenchmarkResult& result);
 
