@@ -123,14 +123,14 @@ struct Structure {
   torch::Tensor rows, signs;  // as in SketchOperator
 };
 
-// The nonzeros of a sparse sketch (sjlt, count) as the scatter and gather kernels read them:
-// column j holds `nonzeros` entries sign[j, k] / sqrt(nonzeros) in rows row[j, k].
+// A structure as the row kernels read it: sizes, raw row indices and signs, and the scale
+// 1/sqrt(count) of its entries (count: nonzeros per column for sjlt/count, m for srht).
 template <typename T>
-struct SparseColumns {
-  explicit SparseColumns(const Structure& s)
-      : n(s.input_dim), m(s.sketch_dim), nonzeros(s.rows.size(1)), rows(s.rows.data_ptr<int32_t>()),
-        signs(s.signs.data_ptr<int8_t>()), scale(static_cast<T>(1.0 / std::sqrt(static_cast<double>(nonzeros)))) {}
-  int64_t n, m, nonzeros;
+struct RawStructure {
+  RawStructure(const Structure& s, int64_t count)
+      : n(s.input_dim), m(s.sketch_dim), rows(s.rows.data_ptr<int32_t>()), signs(s.signs.data_ptr<int8_t>()),
+        scale(static_cast<T>(1.0 / std::sqrt(static_cast<double>(count)))) {}
+  int64_t n, m;
   const int32_t* rows;
   const int8_t* signs;
   T scale;
@@ -140,13 +140,14 @@ struct SparseColumns {
 // each x_j to its s rows.
 template <typename T>
 void scatter_columns(const Structure& s, const T* x, T* y, int64_t begin, int64_t end) {
-  const SparseColumns<T> c(s);
+  const int64_t nonzeros = s.rows.size(1);
+  const RawStructure<T> c(s, nonzeros);
   for (int64_t b = begin; b < end; ++b) {
     const T* xb = x + b * c.n;
     T* yb = y + b * c.m;
     for (int64_t j = 0; j < c.n; ++j) {
       const T v = c.scale * xb[j];
-      for (int64_t k = 0; k < c.nonzeros; ++k) yb[c.rows[j * c.nonzeros + k]] += c.signs[j * c.nonzeros + k] * v;
+      for (int64_t k = 0; k < nonzeros; ++k) yb[c.rows[j * nonzeros + k]] += c.signs[j * nonzeros + k] * v;
     }
   }
 }
@@ -154,13 +155,14 @@ void scatter_columns(const Structure& s, const T* x, T* y, int64_t begin, int64_
 // sjlt/count, S^T y: x_j = sum over column j's nonzeros (r, j) of sigma_rj / sqrt(s) y_r, a gather.
 template <typename T>
 void gather_columns(const Structure& s, const T* y, T* x, int64_t begin, int64_t end) {
-  const SparseColumns<T> c(s);
+  const int64_t nonzeros = s.rows.size(1);
+  const RawStructure<T> c(s, nonzeros);
   for (int64_t b = begin; b < end; ++b) {
     const T* yb = y + b * c.m;
     T* xb = x + b * c.n;
     for (int64_t j = 0; j < c.n; ++j) {
       T sum = 0;
-      for (int64_t k = 0; k < c.nonzeros; ++k) sum += c.signs[j * c.nonzeros + k] * yb[c.rows[j * c.nonzeros + k]];
+      for (int64_t k = 0; k < nonzeros; ++k) sum += c.signs[j * nonzeros + k] * yb[c.rows[j * nonzeros + k]];
       xb[j] = c.scale * sum;
     }
   }
@@ -169,17 +171,14 @@ void gather_columns(const Structure& s, const T* y, T* x, int64_t begin, int64_t
 // srht, S x = (1/sqrt(m)) P H D x: x times the signs, zero-padded to n', transformed, then the kept rows.
 template <typename T>
 AFTERBURNER_SKETCH_CLONES void srht_rows(const Structure& s, const T* x, T* y, int64_t begin, int64_t end) {
-  const int64_t n = s.input_dim, m = s.sketch_dim, padded = next_power_of_two(n);
-  const int32_t* kept = s.rows.data_ptr<int32_t>();
-  const int8_t* signs = s.signs.data_ptr<int8_t>();
-  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(m)));
-  std::vector<T> buffer(padded);
+  const RawStructure<T> c(s, s.sketch_dim);
+  std::vector<T> buffer(next_power_of_two(c.n));
   for (int64_t b = begin; b < end; ++b) {
-    const T* xb = x + b * n;
-    for (int64_t j = 0; j < n; ++j) buffer[j] = signs[j] * xb[j];
-    std::fill(buffer.begin() + n, buffer.end(), T(0));
-    walsh_hadamard_row(buffer.data(), padded);
-    for (int64_t r = 0; r < m; ++r) y[b * m + r] = scale * buffer[kept[r]];
+    const T* xb = x + b * c.n;
+    for (int64_t j = 0; j < c.n; ++j) buffer[j] = c.signs[j] * xb[j];
+    std::fill(buffer.begin() + c.n, buffer.end(), T(0));
+    walsh_hadamard_row(buffer.data(), static_cast<int64_t>(buffer.size()));
+    for (int64_t r = 0; r < c.m; ++r) y[b * c.m + r] = c.scale * buffer[c.rows[r]];
   }
 }
 
@@ -187,16 +186,13 @@ AFTERBURNER_SKETCH_CLONES void srht_rows(const Structure& s, const T* x, T* y, i
 // transformed, times the signs, truncated to n.
 template <typename T>
 AFTERBURNER_SKETCH_CLONES void srht_transpose_rows(const Structure& s, const T* y, T* x, int64_t begin, int64_t end) {
-  const int64_t n = s.input_dim, m = s.sketch_dim, padded = next_power_of_two(n);
-  const int32_t* kept = s.rows.data_ptr<int32_t>();
-  const int8_t* signs = s.signs.data_ptr<int8_t>();
-  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(m)));
-  std::vector<T> buffer(padded);
+  const RawStructure<T> c(s, s.sketch_dim);
+  std::vector<T> buffer(next_power_of_two(c.n));
   for (int64_t b = begin; b < end; ++b) {
     std::fill(buffer.begin(), buffer.end(), T(0));
-    for (int64_t r = 0; r < m; ++r) buffer[kept[r]] = y[b * m + r];
-    walsh_hadamard_row(buffer.data(), padded);
-    for (int64_t j = 0; j < n; ++j) x[b * n + j] = scale * signs[j] * buffer[j];
+    for (int64_t r = 0; r < c.m; ++r) buffer[c.rows[r]] = y[b * c.m + r];
+    walsh_hadamard_row(buffer.data(), static_cast<int64_t>(buffer.size()));
+    for (int64_t j = 0; j < c.n; ++j) x[b * c.n + j] = c.scale * c.signs[j] * buffer[j];
   }
 }
 
