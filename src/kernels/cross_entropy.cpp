@@ -219,9 +219,21 @@ struct CrossEntropyFunction : torch::autograd::Function<CrossEntropyFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
+    if (torch::GradMode::is_enabled()) return {differentiable_gradient(saved[0], saved[1], grad_outputs[0]), {}};
     const torch::Tensor grad_logits =
         mean_nll_gradient(saved[0].contiguous(), saved[1].contiguous(), saved[2], grad_outputs[0]);
     return {grad_logits, torch::Tensor()};
+  }
+
+  // Under create_graph (grad mode on in a backward) the gradient is itself differentiated, which
+  // the kernel's result, written through data_ptr, would silently not be: the same formula in
+  // LibTorch's ops, (softmax(x) - onehot(t)) dL/dloss / N, accumulated as the kernel does.
+  static torch::Tensor differentiable_gradient(const torch::Tensor& logits, const torch::Tensor& target,
+                                               const torch::Tensor& grad_loss) {
+    const auto dtype = logits.scalar_type() == at::kBFloat16 ? at::kFloat : logits.scalar_type();
+    const torch::Tensor onehot = at::one_hot(target, logits.size(1)).to(dtype);
+    const torch::Tensor scale = grad_loss.to(dtype) / static_cast<double>(logits.size(0));
+    return ((at::softmax(logits, 1, dtype) - onehot) * scale).to(logits.scalar_type());
   }
 };
 

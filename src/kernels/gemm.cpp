@@ -3,6 +3,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -47,10 +48,18 @@ void onednn_gemm(const torch::Tensor& a, const torch::Tensor& b, float beta, tor
   if (status != dnnl_success) throw Error("oneDNN sgemm failed with status " + std::to_string(status));
 }
 
+// oneDNN's result is written through data_ptr and records nothing for autograd: where autograd
+// records a graph (a direct call on tensors requiring grad, or a fused op's backward under
+// create_graph), LibTorch's op runs instead, so that no gradient is silently lost.
+bool autograd_records(std::initializer_list<torch::Tensor> operands) {
+  if (!at::GradMode::is_enabled()) return false;
+  return std::any_of(operands.begin(), operands.end(), [](const torch::Tensor& t) { return t.requires_grad(); });
+}
+
 }  // namespace
 
 torch::Tensor mm(const torch::Tensor& a, const torch::Tensor& b) {
-  if (!onednn_suits(a, b)) return at::mm(a, b);
+  if (!onednn_suits(a, b) || autograd_records({a, b})) return at::mm(a, b);
   torch::Tensor c = at::empty({a.size(0), b.size(1)}, a.options());
   onednn_gemm(a, b, 0.0f, c);
   return c;
@@ -58,8 +67,14 @@ torch::Tensor mm(const torch::Tensor& a, const torch::Tensor& b) {
 
 torch::Tensor addmm(const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b) {
   const bool bias_suits = bias.dim() == 1 && bias.scalar_type() == torch::kFloat && bias.device().is_cpu();
-  if (!bias_suits || !onednn_suits(a, b) || bias.size(0) != b.size(1)) return at::addmm(bias, a, b);
-  torch::Tensor c = bias.expand({a.size(0), b.size(1)}).contiguous();
+  if (!bias_suits || !onednn_suits(a, b) || bias.size(0) != b.size(1) || autograd_records({bias, a, b})) {
+    return at::addmm(bias, a, b);
+  }
+  // A fresh output: `bias.expand(...).contiguous()` would hand back the bias's own storage when
+  // there is one row (a size-1 leading dimension is already contiguous), and the GEMM would then
+  // accumulate into the bias.
+  torch::Tensor c = at::empty({a.size(0), b.size(1)}, a.options());
+  c.copy_(bias.expand({a.size(0), b.size(1)}));
   onednn_gemm(a, b, 1.0f, c);
   return c;
 }

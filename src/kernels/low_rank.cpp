@@ -29,11 +29,15 @@ struct LowRankLinearFunction : torch::autograd::Function<LowRankLinearFunction> 
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor &x = saved[0], &a = saved[1], &b = saved[2], &projected = saved[3];
+    const torch::Tensor &x = saved[0], &a = saved[1], &b = saved[2];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    // Under create_graph (grad mode on) the gradients are themselves differentiated: P, saved
+    // without a graph, is recomputed from x and a, and kernels::mm records (it runs at::mm then).
+    const torch::Tensor projected = torch::GradMode::is_enabled() ? kernels::mm(x, a) * scale : saved[3];
     const torch::Tensor g = grad_outputs[0].contiguous();
     torch::Tensor grad_x, grad_a, grad_b, grad_bias;
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1)) {
-      const torch::Tensor d = kernels::mm(g, b.t()).mul_(ctx->saved_data["scale"].toDouble());
+      const torch::Tensor d = kernels::mm(g, b.t()).mul_(scale);
       if (ctx->needs_input_grad(0)) grad_x = kernels::mm(d, a.t());
       if (ctx->needs_input_grad(1)) grad_a = kernels::mm(x.t(), d);
     }

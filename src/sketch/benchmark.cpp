@@ -9,10 +9,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <sstream>
 
 #include "afterburner/core/error.h"
+#include "afterburner/core/file_writer.h"
 #include "afterburner/profile/alternate.h"
 #include "afterburner/profile/memory.h"
 #include "afterburner/sketch/sklinear.h"
@@ -103,13 +103,6 @@ std::vector<int64_t> sorted_unique(std::vector<int64_t> values) {
   std::sort(values.begin(), values.end());
   values.erase(std::unique(values.begin(), values.end()), values.end());
   return values;
-}
-
-void write_file(const std::string& path, const char* what, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) throw Error(path + ": cannot write the " + what);
 }
 
 // Red below 1x, yellow at 1x, green from 4x: the hue follows log2 of the speedup.
@@ -275,13 +268,13 @@ void write_svg(const std::vector<BenchmarkResult>& results, std::ostream& out) {
 void write_csv(const std::vector<BenchmarkResult>& results, const std::string& path) {
   std::ostringstream text;
   write_csv(results, text);
-  write_file(path, "CSV", text.str());
+  write_file_atomically(path, text.str());
 }
 
 void write_svg(const std::vector<BenchmarkResult>& results, const std::string& path) {
   std::ostringstream text;
   write_svg(results, text);  // before opening the file: no empty file for an empty landscape
-  write_file(path, "SVG", text.str());
+  write_file_atomically(path, text.str());
 }
 
 }  // namespace afterburner::sketch

@@ -350,6 +350,14 @@ void walsh_hadamard_(torch::Tensor& rows) {
                                  c10::str(rows.sizes()), c10::toString(dtype),
                                  rows.is_contiguous() ? "" : " (not contiguous)"));
   }
+  // Written through data_ptr, so autograd sees none of it: refuse what it would have to record,
+  // and bump the version counter as LibTorch's in-place ops do, so that a backward reading
+  // `rows` as a saved tensor fails instead of using the transformed values.
+  if (torch::GradMode::is_enabled() && rows.requires_grad()) {
+    throw UsageError("walsh_hadamard_ rows", "requires grad, and the transform is not differentiable (run it on a "
+                                             "detached tensor or under torch::NoGradGuard)");
+  }
+  rows.unsafeGetTensorImpl()->bump_version();
   const int64_t count = rows.numel() / n;
   AT_DISPATCH_FLOATING_TYPES(dtype, "walsh_hadamard_", [&] {
     scalar_t* data = rows.data_ptr<scalar_t>();

@@ -23,11 +23,11 @@ torch::Tensor reference(const torch::Tensor& logits, const torch::Tensor& target
   return F::nll_loss(F::log_softmax(logits, F::LogSoftmaxFuncOptions(1)), target);
 }
 
-struct Case {
+struct LossCase {
   torch::Tensor logits, target;
 };
 
-Case random_case(int64_t rows, int64_t classes, torch::Dtype dtype, double scale = 1) {
+LossCase random_case(int64_t rows, int64_t classes, torch::Dtype dtype, double scale = 1) {
   torch::manual_seed(5);
   return {(torch::randn({rows, classes}, torch::kDouble) * scale).to(dtype).requires_grad_(),
           torch::randint(classes, {rows}, torch::kLong)};
@@ -41,7 +41,7 @@ using LossFunction = std::function<torch::Tensor(const torch::Tensor&, const tor
 
 // The loss and its gradient for an upstream gradient that is not 1, to see it scales. With
 // `autocast` the loss is computed under bf16 autocast and differentiated after it, as in training.
-LossAndGradient evaluate(const LossFunction& loss_fn, const Case& c, bool autocast) {
+LossAndGradient evaluate(const LossFunction& loss_fn, const LossCase& c, bool autocast) {
   torch::Tensor loss;
   {
     std::optional<afterburner::testing::BFloat16Autocast> scope;
@@ -53,7 +53,7 @@ LossAndGradient evaluate(const LossFunction& loss_fn, const Case& c, bool autoca
 }
 
 // Against torch on the same logits, the loss's dtype included.
-void expect_matches_torch(const Case& c, double tolerance, bool autocast = false) {
+void expect_matches_torch(const LossCase& c, double tolerance, bool autocast = false) {
   const LossAndGradient fused = evaluate(cross_entropy, c, autocast);
   const LossAndGradient expected = evaluate(reference, c, autocast);
   EXPECT_EQ(fused.loss.scalar_type(), expected.loss.scalar_type());
@@ -63,9 +63,9 @@ void expect_matches_torch(const Case& c, double tolerance, bool autocast = false
 }
 
 // Against torch in double on the very same (reduced-precision) logit values.
-void expect_matches_double(const Case& c, double loss_tolerance, double grad_tolerance, bool autocast = false) {
+void expect_matches_double(const LossCase& c, double loss_tolerance, double grad_tolerance, bool autocast = false) {
   const LossAndGradient fused = evaluate(cross_entropy, c, autocast);
-  const Case in_double{c.logits.detach().to(torch::kDouble).requires_grad_(), c.target};
+  const LossCase in_double{c.logits.detach().to(torch::kDouble).requires_grad_(), c.target};
   const LossAndGradient expected = evaluate(reference, in_double, false);
   EXPECT_TRUE(AllClose(fused.loss, expected.loss, loss_tolerance, loss_tolerance));
   EXPECT_TRUE(AllClose(fused.grad, expected.grad, grad_tolerance, grad_tolerance));
@@ -94,7 +94,7 @@ TEST(CrossEntropy, VectorizedExpMatchesDoubleOverManyClasses) {
 // The special values, in the dtypes that take the vectorized path.
 TEST(CrossEntropy, SpecialValuesInFloatAndBFloat16) {
   for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
-    Case c = random_case(4, 40, dtype);
+    LossCase c = random_case(4, 40, dtype);
     {
       torch::NoGradGuard no_grad;
       c.logits[0][5] = -std::numeric_limits<float>::infinity();
@@ -115,7 +115,7 @@ TEST(CrossEntropy, SpecialValuesInFloatAndBFloat16) {
 }
 
 TEST(CrossEntropy, LargeLogitsStayFinite) {
-  const Case c = random_case(64, 10, torch::kFloat, 1e4);
+  const LossCase c = random_case(64, 10, torch::kFloat, 1e4);
   const LossAndGradient fused = evaluate(cross_entropy, c, false);
   EXPECT_TRUE(torch::isfinite(fused.loss).item<bool>());
   EXPECT_TRUE(torch::isfinite(fused.grad).all().item<bool>());
@@ -124,7 +124,7 @@ TEST(CrossEntropy, LargeLogitsStayFinite) {
 }
 
 TEST(CrossEntropy, MinusInfinityLogitsContributeNothing) {
-  Case c = random_case(4, 5, torch::kDouble);
+  LossCase c = random_case(4, 5, torch::kDouble);
   {
     torch::NoGradGuard no_grad;
     const double minus_infinity = -std::numeric_limits<double>::infinity();
@@ -136,7 +136,7 @@ TEST(CrossEntropy, MinusInfinityLogitsContributeNothing) {
 }
 
 TEST(CrossEntropy, NaNLogitGivesNaNLoss) {
-  Case c = random_case(4, 5, torch::kDouble);
+  LossCase c = random_case(4, 5, torch::kDouble);
   {
     torch::NoGradGuard no_grad;
     c.logits[3][1] = std::numeric_limits<double>::quiet_NaN();
@@ -145,7 +145,7 @@ TEST(CrossEntropy, NaNLogitGivesNaNLoss) {
 }
 
 TEST(CrossEntropy, BFloat16LogitsAccumulateInFloat) {
-  const Case c = random_case(32, 10, torch::kBFloat16);
+  const LossCase c = random_case(32, 10, torch::kBFloat16);
   EXPECT_EQ(cross_entropy(c.logits, c.target).scalar_type(), torch::kBFloat16);
   expect_matches_torch(c, 1e-2);
   // Only the final rounding to bf16 separates the results from double arithmetic.
@@ -154,7 +154,7 @@ TEST(CrossEntropy, BFloat16LogitsAccumulateInFloat) {
 
 // Under autocast torch computes cross-entropy in float: bf16 logits give a float loss.
 TEST(CrossEntropy, AutocastBFloat16LikeTorch) {
-  const Case bf16 = random_case(32, 10, torch::kBFloat16);
+  const LossCase bf16 = random_case(32, 10, torch::kBFloat16);
   {
     afterburner::testing::BFloat16Autocast autocast;
     EXPECT_EQ(cross_entropy(bf16.logits, bf16.target).scalar_type(), torch::kFloat);
@@ -165,7 +165,7 @@ TEST(CrossEntropy, AutocastBFloat16LikeTorch) {
 }
 
 TEST(CrossEntropy, FiniteDifferences) {
-  const Case c = random_case(4, 5, torch::kDouble);
+  const LossCase c = random_case(4, 5, torch::kDouble);
   afterburner::testing::expect_gradients_match_finite_differences(
       [&](const std::vector<torch::Tensor>& in) { return cross_entropy(in[0], c.target); }, {c.logits});
 }
@@ -173,7 +173,7 @@ TEST(CrossEntropy, FiniteDifferences) {
 TEST(CrossEntropy, TargetOutOfRangeNamesValueAndClasses) {
   using afterburner::testing::Contains;
   using afterburner::testing::error_message;
-  Case c = random_case(4, 10, torch::kFloat);
+  LossCase c = random_case(4, 10, torch::kFloat);
   c.target[2] = 10;
   EXPECT_TRUE(Contains(error_message<afterburner::UsageError>([&] { cross_entropy(c.logits, c.target); }),
                        "cross_entropy target: value 10 at row 2 is out of range for 10 classes"));
@@ -186,7 +186,7 @@ TEST(CrossEntropy, TargetOutOfRangeNamesValueAndClasses) {
 TEST(CrossEntropy, BadArgumentsNameTheArgument) {
   using afterburner::testing::Contains;
   using afterburner::testing::error_message;
-  const Case c = random_case(4, 10, torch::kFloat);
+  const LossCase c = random_case(4, 10, torch::kFloat);
   EXPECT_TRUE(Contains(error_message<afterburner::UsageError>([&] { cross_entropy(c.logits[0], c.target); }),
                        "cross_entropy logits: expected [rows, classes], got [10]"));
   EXPECT_TRUE(Contains(error_message<afterburner::UsageError>([&] { cross_entropy(c.logits.to(torch::kInt), c.target); }),

@@ -86,3 +86,17 @@ TEST(Gemm, MismatchedShapesRaiseLibTorchsError) {
 }
 
 }  // namespace
+
+// Regression: with one row, bias.expand({1, N}).contiguous() is the bias itself, and the GEMM
+// used to accumulate x W into it, so every call drifted further (issue 10).
+TEST(Gemm, AddmmWithOneRowLeavesTheBiasUnchangedAndRepeats) {
+  torch::manual_seed(7);
+  const auto bias = torch::randn({5}), a = torch::randn({1, 12}), b = torch::randn({12, 5});
+  const auto bias_before = bias.clone();
+  const auto first = kernels::addmm(bias, a, b);
+  const auto second = kernels::addmm(bias, a, b);
+  EXPECT_TRUE(torch::equal(bias, bias_before));
+  EXPECT_NE(first.data_ptr(), bias.data_ptr());
+  EXPECT_TRUE(torch::equal(first, second));
+  EXPECT_TRUE(AllClose(first, reference_mm(a, b) + bias_before.to(torch::kDouble), kFp32Tolerance, kFp32Tolerance));
+}

@@ -25,11 +25,11 @@ torch::Tensor reference(const torch::Tensor& x, const torch::Tensor& weight, con
   return torch::relu(F::linear(x, weight, bias));
 }
 
-struct Case {
+struct LinearCase {
   torch::Tensor x, weight, bias;
 };
 
-Case random_case(std::vector<int64_t> x_shape, int64_t out_features, torch::Dtype dtype, bool with_bias = true) {
+LinearCase random_linear_case(std::vector<int64_t> x_shape, int64_t out_features, torch::Dtype dtype, bool with_bias = true) {
   torch::manual_seed(11);
   const auto options = torch::TensorOptions().dtype(dtype).requires_grad(true);
   const int64_t in_features = x_shape.back();
@@ -37,7 +37,7 @@ Case random_case(std::vector<int64_t> x_shape, int64_t out_features, torch::Dtyp
           with_bias ? torch::randn({out_features}, options) : torch::Tensor()};
 }
 
-std::vector<torch::Tensor> requiring_grad(const Case& c) {
+std::vector<torch::Tensor> requiring_grad(const LinearCase& c) {
   std::vector<torch::Tensor> inputs;
   for (const auto& t : {c.x, c.weight, c.bias}) {
     if (t.defined() && t.requires_grad()) inputs.push_back(t);
@@ -48,7 +48,7 @@ std::vector<torch::Tensor> requiring_grad(const Case& c) {
 // Output and every gradient of linear_relu against relu(linear(...)) for the same upstream grad.
 // With `autocast` the forward passes run under bf16 autocast and the backward ones after it, as
 // in training.
-void expect_matches_reference(const Case& c, double tolerance, bool autocast = false) {
+void expect_matches_reference(const LinearCase& c, double tolerance, bool autocast = false) {
   torch::Tensor fused, expected;
   {
     std::optional<afterburner::testing::BFloat16Autocast> scope;
@@ -68,23 +68,23 @@ void expect_matches_reference(const Case& c, double tolerance, bool autocast = f
   }
 }
 
-TEST(LinearReLU, MatchesLinearThenReluInDouble) { expect_matches_reference(random_case({9, 6}, 5, torch::kDouble), 1e-10); }
+TEST(LinearReLU, MatchesLinearThenReluInDouble) { expect_matches_reference(random_linear_case({9, 6}, 5, torch::kDouble), 1e-10); }
 
-TEST(LinearReLU, MatchesLinearThenReluInFloat) { expect_matches_reference(random_case({33, 20}, 17, torch::kFloat), 1e-5); }
+TEST(LinearReLU, MatchesLinearThenReluInFloat) { expect_matches_reference(random_linear_case({33, 20}, 17, torch::kFloat), 1e-5); }
 
-TEST(LinearReLU, WithoutBias) { expect_matches_reference(random_case({9, 6}, 5, torch::kDouble, false), 1e-10); }
+TEST(LinearReLU, WithoutBias) { expect_matches_reference(random_linear_case({9, 6}, 5, torch::kDouble, false), 1e-10); }
 
 TEST(LinearReLU, FlattensLeadingDimensions) {
-  const Case three_d = random_case({2, 3, 6}, 5, torch::kDouble);
+  const LinearCase three_d = random_linear_case({2, 3, 6}, 5, torch::kDouble);
   EXPECT_EQ(linear_relu(three_d.x, three_d.weight, three_d.bias).sizes(), (std::vector<int64_t>{2, 3, 5}));
   expect_matches_reference(three_d, 1e-10);
-  const Case one_d = random_case({6}, 5, torch::kDouble);
+  const LinearCase one_d = random_linear_case({6}, 5, torch::kDouble);
   EXPECT_EQ(linear_relu(one_d.x, one_d.weight, one_d.bias).sizes(), (std::vector<int64_t>{5}));
   expect_matches_reference(one_d, 1e-10);
 }
 
 TEST(LinearReLU, InputWithoutGradientGetsNone) {
-  Case c = random_case({9, 6}, 5, torch::kDouble);
+  LinearCase c = random_linear_case({9, 6}, 5, torch::kDouble);
   c.x = c.x.detach();
   expect_matches_reference(c, 1e-10);
   linear_relu(c.x, c.weight, c.bias).sum().backward();
@@ -93,7 +93,7 @@ TEST(LinearReLU, InputWithoutGradientGetsNone) {
 }
 
 TEST(LinearReLU, OnlyInputRequiringGradient) {
-  Case c = random_case({9, 6}, 5, torch::kDouble);
+  LinearCase c = random_linear_case({9, 6}, 5, torch::kDouble);
   c.weight = c.weight.detach();
   c.bias = c.bias.detach();
   expect_matches_reference(c, 1e-10);
@@ -102,7 +102,7 @@ TEST(LinearReLU, OnlyInputRequiringGradient) {
 // Pre-activations of exactly 0 (a zero input row meeting zero biases, a zero weight row) must
 // get relu's gradient there, 0, not the upstream one.
 TEST(LinearReLU, ExactZerosAtTheReluBoundaryGetZeroGradient) {
-  Case c = random_case({6, 4}, 5, torch::kDouble);
+  LinearCase c = random_linear_case({6, 4}, 5, torch::kDouble);
   {
     torch::NoGradGuard no_grad;
     c.x[2].zero_();
@@ -119,7 +119,7 @@ TEST(LinearReLU, ExactZerosAtTheReluBoundaryGetZeroGradient) {
 }
 
 TEST(LinearReLU, FiniteDifferences) {
-  const Case c = random_case({5, 4}, 3, torch::kDouble);
+  const LinearCase c = random_linear_case({5, 4}, 3, torch::kDouble);
   const torch::Tensor upstream = torch::randn({5, 3}, torch::kDouble);
   afterburner::testing::expect_gradients_match_finite_differences(
       [&](const std::vector<torch::Tensor>& in) { return (linear_relu(in[0], in[1], in[2]) * upstream).sum(); },
@@ -129,7 +129,7 @@ TEST(LinearReLU, FiniteDifferences) {
 // Under autocast the GEMM runs in bf16 like torch::linear's: a bf16 output and gradients that
 // come back to the fp32 tensors in fp32.
 TEST(LinearReLU, AutocastBFloat16LikeTorchLinear) {
-  const Case c = random_case({16, 32}, 8, torch::kFloat);
+  const LinearCase c = random_linear_case({16, 32}, 8, torch::kFloat);
   {
     afterburner::testing::BFloat16Autocast autocast;
     EXPECT_EQ(linear_relu(c.x, c.weight, c.bias).scalar_type(), torch::kBFloat16);
@@ -138,13 +138,13 @@ TEST(LinearReLU, AutocastBFloat16LikeTorchLinear) {
 }
 
 TEST(LinearReLU, DoubleInputsUnderAutocastStayDouble) {
-  expect_matches_reference(random_case({9, 6}, 5, torch::kDouble), 1e-10, true);
+  expect_matches_reference(random_linear_case({9, 6}, 5, torch::kDouble), 1e-10, true);
 }
 
-TEST(LinearReLU, BFloat16Inputs) { expect_matches_reference(random_case({16, 32}, 8, torch::kBFloat16), 1e-2); }
+TEST(LinearReLU, BFloat16Inputs) { expect_matches_reference(random_linear_case({16, 32}, 8, torch::kBFloat16), 1e-2); }
 
 TEST(LinearReLU, MismatchedShapesNameTheArgument) {
-  const Case c = random_case({4, 6}, 5, torch::kFloat);
+  const LinearCase c = random_linear_case({4, 6}, 5, torch::kFloat);
   using afterburner::testing::Contains;
   using afterburner::testing::error_message;
   EXPECT_TRUE(Contains(error_message<afterburner::UsageError>([&] { linear_relu(c.x.narrow(1, 0, 4), c.weight, c.bias); }),

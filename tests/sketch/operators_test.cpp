@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "reference.h"
 #include "testing.h"
 
 namespace afterburner::sketch {
@@ -16,14 +17,10 @@ namespace {
 
 using afterburner::testing::Contains;
 using afterburner::testing::error_message;
+using reference::relative_error;
 
 const std::vector<SketchKind> kAllKinds{SketchKind::gaussian, SketchKind::sign, SketchKind::sjlt, SketchKind::count,
                                         SketchKind::srht};
-
-double relative_error(const torch::Tensor& actual, const torch::Tensor& expected) {
-  const torch::Tensor e = expected.to(torch::kDouble);
-  return ((actual.to(torch::kDouble) - e).norm() / e.norm()).item<double>();
-}
 
 // H_1 = [1], H_2k = [[H_k, H_k], [H_k, -H_k]].
 torch::Tensor sylvester_hadamard(int64_t n) {
@@ -32,13 +29,13 @@ torch::Tensor sylvester_hadamard(int64_t n) {
   return h;
 }
 
-struct Shape {
+struct OperatorShape {
   int64_t input_dim, sketch_dim;
   std::vector<int64_t> batch;  // leading dimensions of x
 };
 
 // Rows drawn in `dtype`, [batch..., last]; when `strided`, a view whose last dimension is strided.
-torch::Tensor draw_rows(const Shape& shape, int64_t last, torch::ScalarType dtype, bool strided) {
+torch::Tensor draw_rows(const OperatorShape& shape, int64_t last, torch::ScalarType dtype, bool strided) {
   std::vector<int64_t> sizes = shape.batch;
   if (!strided) {
     sizes.push_back(last);
@@ -53,10 +50,10 @@ class SketchOperatorKinds : public ::testing::TestWithParam<SketchKind> {};
 // apply and transpose_apply against products with dense() in double, which builds S entry by
 // entry from the definition (for srht from the closed form of the Hadamard entries).
 TEST_P(SketchOperatorKinds, ApplyAndTransposeMatchTheDenseMatrix) {
-  const std::vector<Shape> shapes{{64, 16, {5}},  {100, 7, {3, 4}}, {3000, 128, {9}},
+  const std::vector<OperatorShape> shapes{{64, 16, {5}},  {100, 7, {3, 4}}, {3000, 128, {9}},
                                   {33, 33, {}},   {1, 1, {2}},      {1024, 5, {2, 1, 3}}};
   torch::manual_seed(3);
-  for (const Shape& shape : shapes) {
+  for (const OperatorShape& shape : shapes) {
     const SketchOperator s(SketchOptions(GetParam(), shape.input_dim, shape.sketch_dim)
                                .nonzeros_per_column(std::min<int64_t>(3, shape.sketch_dim))
                                .seed(11));
@@ -181,6 +178,28 @@ TEST(WalshHadamard, RejectsWhatItCannotTransformInPlace) {
     const std::string message = error_message<UsageError>([&] { walsh_hadamard_(bad); });
     EXPECT_TRUE(Contains(message, "walsh_hadamard_ rows")) << message;
   }
+}
+
+// Regression: the transform writes through data_ptr, which autograd does not see. It used to
+// transform a tensor requiring grad silently, and to leave its version as it was, so a backward
+// that had saved the tensor ran on the transformed values.
+TEST(WalshHadamard, RefusesTensorsRequiringGradAndBumpsTheVersion) {
+  torch::Tensor leaf = torch::randn({2, 8}, torch::requires_grad());
+  const torch::Tensor before = leaf.detach().clone();
+  const std::string message = error_message<UsageError>([&] { walsh_hadamard_(leaf); });
+  EXPECT_TRUE(Contains(message, "walsh_hadamard_ rows: requires grad")) << message;
+  EXPECT_TRUE(torch::equal(leaf.detach(), before));
+
+  torch::Tensor weight = torch::randn({8}, torch::requires_grad());
+  torch::Tensor rows = torch::randn({2, 8});
+  const torch::Tensor product = (rows * weight).sum();  // saves rows for weight's gradient
+  walsh_hadamard_(rows);
+  EXPECT_THROW(product.backward(), c10::Error);  // "modified by an inplace operation"
+  {
+    torch::NoGradGuard no_grad;  // as initialisation code runs: allowed, like LibTorch's in-place ops
+    walsh_hadamard_(leaf);
+  }
+  EXPECT_FALSE(torch::equal(leaf.detach(), before));
 }
 
 // (S^T S)_ij per kind: mean delta_ij, and this variance over draws (n' the padded input size).

@@ -8,7 +8,7 @@
 // Matches torch::nn::functional::cross_entropy with mean reduction, no class weights and no
 // label smoothing, including its result dtype: the logits' dtype, or float32 for bf16 logits
 // under CPU autocast. bf16 logits are accumulated in float. Every target must be a class (there
-// is no ignore_index). CPU tensors only.
+// is no ignore_index). CPU tensors only. The backward is differentiable itself (create_graph).
 #pragma once
 
 #include <torch/types.h>

@@ -3,7 +3,9 @@
 // pool every convolution and fused kernel runs on. On oneDNN, which shares that pool, the fused
 // Linear+ReLU's forward and backward run 3.0-3.4x faster than LibTorch's (BENCHMARKS.md).
 // Other dtypes (bf16 under autocast already runs on oneDNN) and strides it cannot express go
-// to at::mm unchanged. No autograd: call these inside autograd functions.
+// to at::mm unchanged. oneDNN's path records nothing for autograd: where autograd would record
+// (grad mode on and an operand requiring grad) they run at::mm / at::addmm instead, so call them
+// inside autograd functions, where grad mode is off, for the oneDNN path.
 //
 //   namespace kernels = afterburner::kernels;
 //   torch::Tensor y = kernels::addmm(bias, x, weight.t());   // == at::addmm(bias, x, weight.t())

@@ -1,6 +1,7 @@
 // Linear + bias + ReLU as one autograd node: one GEMM with the bias folded in, the ReLU applied
 // in place on its output, and only that output (not the pre-activation) kept for backward.
-// Under CPU autocast the GEMM runs in the autocast dtype, as torch::linear's would.
+// Under CPU autocast the GEMM runs in the autocast dtype, as torch::linear's would. The backward
+// is differentiable itself (create_graph).
 //
 //   namespace kernels = afterburner::kernels;
 //   kernels::LinearReLU fc1(kernels::LinearReLUOptions(3136, 128));

@@ -3,6 +3,7 @@
 // fp32 runs on oneDNN's GEMM (kernels::mm), on the OpenMP pool the rest of the step uses, instead
 // of OpenBLAS's own pool, which on 2 cores made a sub-millisecond call take up to 15 ms at
 // random (BENCHMARKS.md, sketched layers). Under CPU autocast the operands take autocast's dtype.
+// The backward is differentiable itself (create_graph).
 //
 //   namespace kernels = afterburner::kernels;
 //   torch::Tensor y = kernels::low_rank_linear(x, a, b, bias, 0.5);   // bias may be undefined

@@ -76,7 +76,9 @@ class SketchOperator {
 
 // The Walsh-Hadamard transform in place, unnormalised: each row x of a contiguous float32 or
 // float64 tensor whose last dimension n is a power of two becomes H x, with H the Sylvester
-// Hadamard matrix (H_1 = [1], H_2k = [[H_k, H_k], [H_k, -H_k]]; H H^T = n I).
+// Hadamard matrix (H_1 = [1], H_2k = [[H_k, H_k], [H_k, -H_k]]; H H^T = n I). Not differentiable:
+// throws UsageError for a tensor requiring grad while grad mode is on. Bumps the tensor's version,
+// as LibTorch's in-place ops do, so a backward that saved it refuses to run.
 void walsh_hadamard_(torch::Tensor& rows);
 
 }  // namespace afterburner::sketch

@@ -1,0 +1,341 @@
+// The kernel contract for every op of the kernels area (see invariants.h), each against
+// LibTorch's unfused ops: one row, one channel, odd and prime sizes, and strided, transposed,
+// expanded (stride-0) and channels_last inputs, in every precision the op takes.
+//
+// Precisions: all ops fp32; bf16 tensors for all but the optimizers (FlatSGD/FlatAdamW refuse
+// them: fp32 master weights only, tested below); bf16 autocast for the ops that follow autocast
+// (linear_relu, Conv2dReLU, low_rank_linear, fuse); fp64 where the op has a path of its own.
+// mm and addmm are the building blocks inside autograd functions and run there in the dtype they
+// are given, so they are checked on fp32, bf16 and fp64 tensors rather than under autocast.
+// Second-order gradients (create_graph) are checked where the backward is differentiable.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cctype>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "afterburner/core/error.h"
+#include "afterburner/kernels/conv_relu.h"
+#include "afterburner/kernels/cross_entropy.h"
+#include "afterburner/kernels/flat_optim.h"
+#include "afterburner/kernels/fuse.h"
+#include "afterburner/kernels/gemm.h"
+#include "afterburner/kernels/linear_relu.h"
+#include "afterburner/kernels/low_rank.h"
+#include "afterburner/kernels/relu_maxpool.h"
+#include "invariants.h"
+#include "testing.h"
+
+namespace afterburner::testing {
+namespace {
+
+namespace F = torch::nn::functional;
+using P = Precision;
+using L = Layout;
+
+const std::vector<Layout> kMatrixLayouts{L::contiguous, L::strided, L::transposed, L::expanded};
+const std::vector<Layout> kImageLayouts{L::contiguous, L::strided, L::channels_last, L::expanded};
+
+// Max-pooling selects, it does not round: the same values and gradients bit for bit.
+Tolerance exact(Precision) { return {0, 0}; }
+
+// kernels::mm and addmm on operands not requiring grad: their oneDNN path for fp32.
+// Shapes {M, K, N}.
+const std::vector<Shape> kGemmShapes{{1, 7, 5}, {13, 17, 11}, {4, 1, 3}, {1, 1, 1}, {2, 31, 1}};
+
+OpCase mm_case() {
+  return {"mm", {P::fp32, P::bf16, P::fp64}, kGemmShapes, kMatrixLayouts, [](Inputs& in, const Shape& s, Layout l) {
+            const auto a = in.random({s[0], s[1]}, l, false), b = in.random({s[1], s[2]}, l, false);
+            return Trial{[=] { return kernels::mm(a, b); }, [=] { return at::mm(a, b); }};
+          }};
+}
+
+OpCase addmm_case() {
+  return {"addmm", {P::fp32, P::bf16, P::fp64}, kGemmShapes, kMatrixLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            const auto bias = in.random({s[2]}, l, false);
+            const auto a = in.random({s[0], s[1]}, l, false), b = in.random({s[1], s[2]}, l, false);
+            return Trial{[=] { return kernels::addmm(bias, a, b); }, [=] { return at::addmm(bias, a, b); }};
+          }};
+}
+
+// Called directly on tensors requiring grad, mm and addmm take LibTorch's path, so gradients flow;
+// without grad mode they take oneDNN's, which rounds differently.
+OpCase gemm_with_autograd_case() {
+  OpCase c{"mm and addmm recording autograd", {P::fp32}, kGemmShapes, {L::contiguous, L::transposed},
+           [](Inputs& in, const Shape& s, Layout l) {
+             const auto bias = in.random({s[2]}, l);
+             const auto a = in.random({s[0], s[1]}, l), b = in.random({s[1], s[2]}, l);
+             return Trial{[=] { return kernels::addmm(bias, a, b) * kernels::mm(a, b); },
+                          [=] { return at::addmm(bias, a, b) * at::mm(a, b); }};
+           }};
+  c.same_path_without_grad = false;
+  return differentiated_twice(c);
+}
+
+// Shapes {M, K, N, has bias}; for M = 6, x is [2, 3, K], to cover leading dimensions.
+OpCase linear_relu_case() {
+  return {"linear_relu",
+          {P::fp32, P::bf16, P::autocast_bf16, P::fp64},
+          {{1, 7, 5, 1}, {13, 17, 11, 1}, {4, 1, 3, 0}, {1, 1, 1, 1}, {6, 31, 2, 1}},
+          kMatrixLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            const auto x = s[0] == 6 ? in.random({2, 3, s[1]}, l) : in.random({s[0], s[1]}, l);
+            const auto weight = in.random({s[2], s[1]}, l);
+            const auto bias = s[3] ? in.random({s[2]}, l) : torch::Tensor();
+            return Trial{[=] { return kernels::linear_relu(x, weight, bias); },
+                         [=] { return torch::relu(F::linear(x, weight, bias)); }};
+          }};
+}
+
+// The module, from Linear's default initialisation. Shapes {M, in, out}.
+OpCase linear_relu_module_case() {
+  return {"LinearReLU", {P::fp32, P::bf16, P::autocast_bf16}, {{1, 5, 3}, {7, 13, 11}}, kMatrixLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            kernels::LinearReLU layer(s[1], s[2]);
+            layer->to(in.dtype());
+            in.watch(*layer);
+            const auto x = in.random({s[0], s[1]}, l);
+            return Trial{[=]() mutable { return layer(x); },
+                         [=] { return torch::relu(F::linear(x, layer->weight, layer->bias)); }};
+          }};
+}
+
+// Shapes {N, C_in, H, W, C_out, kernel, stride, padding}.
+OpCase conv_relu_case() {
+  return {"Conv2dReLU",
+          {P::fp32, P::bf16, P::autocast_bf16},
+          {{1, 1, 5, 7, 3, 3, 1, 1}, {2, 3, 7, 5, 1, 3, 2, 0}, {3, 2, 11, 13, 5, 2, 1, 0}, {1, 3, 5, 5, 2, 1, 1, 0}},
+          kImageLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            kernels::Conv2dReLU conv(kernels::Conv2dReLUOptions(s[1], s[4], s[5]).stride(s[6]).padding(s[7]));
+            conv->to(in.dtype());
+            in.watch(*conv);
+            const auto x = in.random({s[0], s[1], s[2], s[3]}, l);
+            return Trial{[=]() mutable { return conv(x); },
+                         [=] { return torch::relu(torch::conv2d(x, conv->weight, conv->bias, s[6], s[7])); }};
+          }};
+}
+
+// Shapes {N, C, H, W, kernel}: sizes not divisible by the kernel leave rows and columns outside
+// every window (floor mode), whose gradient must be 0.
+const std::vector<Shape> kPoolShapes{{1, 1, 4, 4, 2}, {2, 3, 7, 9, 2}, {1, 5, 9, 6, 3},
+                                     {3, 2, 13, 11, 3}, {2, 1, 5, 5, 5}, {1, 3, 17, 19, 4}};
+
+OpCase relu_max_pool_case() {
+  return {"relu_max_pool2d", {P::fp32, P::bf16, P::fp64}, kPoolShapes, kImageLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            const auto x = in.random({s[0], s[1], s[2], s[3]}, l);
+            const int64_t k = s[4];
+            return Trial{[=] { return kernels::relu_max_pool2d(x, k, k); },
+                         [=] { return torch::max_pool2d(torch::relu(x), k, k); }};
+          },
+          exact};
+}
+
+OpCase relu_max_pool_module_case() {
+  return {"ReluMaxPool2d", {P::fp32, P::bf16}, {{2, 3, 6, 6, 2}, {1, 1, 9, 10, 3}}, kImageLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            kernels::ReluMaxPool2d pool(s[4]);
+            const auto x = in.random({s[0], s[1], s[2], s[3]}, l);
+            return Trial{[=]() mutable { return pool(x); },
+                         [=] { return torch::max_pool2d(torch::relu(x), s[4], s[4]); }};
+          },
+          exact};
+}
+
+// Shapes {rows, classes}. One class: the loss and its gradient are 0.
+OpCase cross_entropy_case() {
+  return {"cross_entropy", {P::fp32, P::bf16, P::fp64}, {{1, 1}, {1, 7}, {13, 10}, {5, 31}, {64, 3}}, kMatrixLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            const auto logits = in.random({s[0], s[1]}, l);
+            const auto target = in.integers({s[0]}, s[1]);
+            return Trial{[=] { return kernels::cross_entropy(logits, target); },
+                         [=] { return F::cross_entropy(logits, target); }};
+          }};
+}
+
+// Shapes {M, K, R, N, has bias}.
+OpCase low_rank_case() {
+  return {"low_rank_linear",
+          {P::fp32, P::bf16, P::autocast_bf16},
+          {{1, 7, 3, 5, 1}, {13, 17, 2, 11, 1}, {4, 1, 1, 3, 0}, {6, 20, 5, 1, 1}},
+          kMatrixLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            constexpr double kScale = 0.37;
+            const auto x = in.random({s[0], s[1]}, l), a = in.random({s[1], s[2]}, l), b = in.random({s[2], s[3]}, l);
+            const auto bias = s[4] ? in.random({s[3]}, l) : torch::Tensor();
+            return Trial{[=] { return kernels::low_rank_linear(x, a, b, bias, kScale); },
+                         [=] {
+                           const auto projected = torch::mm(x, a) * kScale;
+                           return bias.defined() ? torch::addmm(bias, projected, b) : torch::mm(projected, b);
+                         }};
+          }};
+}
+
+// fuse() on a small CNN against the model it rewrites (sharing its parameters): ReLU + MaxPool2d,
+// Conv2d + ReLU and Linear + ReLU all fuse. Shapes {N}, images 8 x 8.
+OpCase fuse_case() {
+  return {"fuse", {P::fp32, P::bf16, P::autocast_bf16}, {{1}, {5}}, kImageLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            namespace nn = torch::nn;
+            nn::Sequential model(nn::Conv2d(nn::Conv2dOptions(2, 4, 3).padding(1)), nn::ReLU(), nn::MaxPool2d(2),
+                                 nn::Conv2d(nn::Conv2dOptions(4, 3, 3)), nn::ReLU(), nn::Flatten(), nn::Linear(12, 5),
+                                 nn::ReLU(), nn::Linear(5, 3));
+            model->to(in.dtype());
+            const kernels::FuseResult result = kernels::fuse(model);
+            EXPECT_EQ(result.fused.size(), 3u);
+            nn::Sequential fused = result.model;
+            in.watch(*model);
+            const auto x = in.random({s[0], 2, 8, 8}, l);
+            return Trial{[=]() mutable { return fused->forward(x); }, [=]() mutable { return model->forward(x); }};
+          }};
+}
+
+class KernelContract : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(KernelContract, HoldsForEveryPrecisionShapeAndLayout) { expect_kernel_contract(GetParam()); }
+
+// Second-order gradients for every op whose backward is differentiable; relu_max_pool2d's refuses
+// create_graph (relu_maxpool_test), and with it the fused CNN's. Convolutions in fp32 only: in
+// LibTorch 1.13 the double backward of a bf16 conv2d throws a channel-count error of its own
+// (Python's torch too).
+INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
+                         ::testing::Values(mm_case(), addmm_case(), gemm_with_autograd_case(),
+                                           differentiated_twice(linear_relu_case()),
+                                           differentiated_twice(linear_relu_module_case()),
+                                           differentiated_twice(conv_relu_case(), {P::fp32}), relu_max_pool_case(),
+                                           relu_max_pool_module_case(), differentiated_twice(cross_entropy_case()),
+                                           differentiated_twice(low_rank_case()), fuse_case()),
+                         [](const ::testing::TestParamInfo<OpCase>& info) {
+                           std::string name;
+                           for (const char ch : info.param.name) name += std::isalnum(ch) ? ch : '_';
+                           return name;
+                         });
+
+// ---- The flat optimizers: the same contract for a step. ----
+//
+// Parameters of odd and prime sizes, one row, a transposed (non-contiguous) and a channels_last
+// one; gradients installed as backward does after zero_grad(set_to_none), in each layout. Three
+// steps of the flat optimizer against three of torch::optim's on copies of the same parameters.
+
+using Params = std::vector<torch::Tensor>;
+using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(const Params&)>;
+
+struct OptimizerCase {
+  std::string name;
+  MakeOptimizer flat, reference;
+};
+
+void PrintTo(const OptimizerCase& c, std::ostream* out) { *out << c.name; }
+
+Params make_params() {
+  at::Generator generator = at::detail::createCPUGenerator(5);
+  auto draw = [&](std::vector<int64_t> sizes) { return torch::randn(sizes, generator, torch::kFloat); };
+  return {draw({1}),
+          draw({7}),
+          draw({1, 13}),
+          draw({5, 3}).t(),
+          draw({2, 3, 3, 3}).contiguous(at::MemoryFormat::ChannelsLast),
+          draw({11, 2})};
+}
+
+Params requiring_grad(const Params& values) {
+  Params params;
+  for (const auto& v : values) params.push_back(v.detach().clone(at::MemoryFormat::Preserve).requires_grad_());
+  return params;
+}
+
+// The gradients of step `step`, each laid out as `layout`.
+Params gradients_for(const Params& params, int step, Layout layout) {
+  Inputs inputs(torch::kFloat, 100 + step);
+  Params grads;
+  for (const auto& p : params) grads.push_back(inputs.random(p.sizes().vec(), layout, false));
+  return grads;
+}
+
+struct StepResult {
+  Params params;               // after the last step
+  std::vector<Params> grads;   // the gradients installed at each step, as they were after it
+  std::vector<Params> before;  // ... and as they were installed
+};
+
+StepResult run_steps(const MakeOptimizer& make, Layout layout) {
+  constexpr int kSteps = 3;
+  const Params params = requiring_grad(make_params());
+  const Params initial = snapshot(params);
+  const auto optimizer = make(params);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(params[i].detach(), initial[i])) << "building the optimizer changed parameter " << i;
+  }
+  StepResult result;
+  for (int step = 0; step < kSteps; ++step) {
+    const Params grads = gradients_for(params, step, layout);
+    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i];
+    result.before.push_back(snapshot(grads));
+    optimizer->step();
+    result.grads.push_back(grads);
+  }
+  result.params = snapshot(params);
+  for (const auto& grads : result.grads) {
+    for (size_t i = 0; i < grads.size(); ++i) {
+      for (size_t j = 0; j < params.size(); ++j) {
+        EXPECT_FALSE(shares_memory(params[j], grads[i])) << "parameter " << j << " shares memory with gradient " << i;
+      }
+    }
+  }
+  return result;
+}
+
+class FlatOptimizerContract : public ::testing::TestWithParam<OptimizerCase> {};
+
+TEST_P(FlatOptimizerContract, StepsLikeTorchWithoutTouchingTheGradients) {
+  const OptimizerCase& c = GetParam();
+  for (const Layout layout : kMatrixLayouts) {
+    SCOPED_TRACE(to_string(layout));
+    const StepResult first = run_steps(c.flat, layout);
+    for (size_t step = 0; step < first.grads.size(); ++step) {
+      expect_unchanged(first.grads[step], first.before[step], "by a step");
+    }
+    const StepResult second = run_steps(c.flat, layout);
+    const StepResult expected = run_steps(c.reference, layout);
+    for (size_t i = 0; i < first.params.size(); ++i) {
+      EXPECT_TRUE(torch::equal(first.params[i], second.params[i])) << "parameter " << i << " differs on a second run";
+      EXPECT_TRUE(Close(first.params[i], expected.params[i], default_tolerance(Precision::fp32))) << "parameter " << i;
+    }
+  }
+}
+
+// The flat optimizer and torch's own, built with the same options.
+template <typename Flat, typename Torch, typename Options>
+OptimizerCase optimizer_case(std::string name, const Options& options) {
+  return {std::move(name), [options](const Params& p) { return std::make_unique<Flat>(p, options); },
+          [options](const Params& p) { return std::make_unique<Torch>(p, options); }};
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, FlatOptimizerContract,
+    ::testing::Values(optimizer_case<kernels::FlatSGD, torch::optim::SGD>("SGD", torch::optim::SGDOptions(0.1)),
+                      optimizer_case<kernels::FlatSGD, torch::optim::SGD>(
+                          "SGDNesterovWeightDecay",
+                          torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-2)),
+                      optimizer_case<kernels::FlatAdamW, torch::optim::AdamW>(
+                          "AdamW", torch::optim::AdamWOptions(1e-2).weight_decay(0.1))),
+    [](const ::testing::TestParamInfo<OptimizerCase>& info) { return info.param.name; });
+
+// bf16 parameters are refused before anything moves: the parameter keeps its memory and values.
+TEST(FlatOptimizerPrecision, RefusesBFloat16ParametersLeavingThemAsTheyWere) {
+  const torch::Tensor bf16 = torch::randn({5}).to(torch::kBFloat16).requires_grad_();
+  const torch::Tensor before = bf16.detach().clone();
+  const void* memory = bf16.data_ptr();
+  EXPECT_THROW(kernels::FlatSGD({bf16}, torch::optim::SGDOptions(0.1)), UsageError);
+  EXPECT_THROW(kernels::FlatAdamW({bf16}, torch::optim::AdamWOptions(0.1)), UsageError);
+  EXPECT_EQ(bf16.data_ptr(), memory);
+  EXPECT_TRUE(torch::equal(bf16.detach(), before));
+}
+
+}  // namespace
+}  // namespace afterburner::testing
