@@ -1,9 +1,9 @@
 # afterburner_deps carries everything an area compiles and links against.
 add_library(afterburner_deps INTERFACE)
 target_include_directories(afterburner_deps INTERFACE
-  $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> ${DNNL_INCLUDE_DIR})
+  $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> ${DNNL_INCLUDE_DIR} ${LIBZIP_INCLUDE_DIR})
 target_link_libraries(afterburner_deps INTERFACE
-  ${TORCH_LIBRARIES} ${DNNL_LIBRARY} OpenMP::OpenMP_CXX Threads::Threads ZLIB::ZLIB ${CMAKE_DL_LIBS}
+  ${TORCH_LIBRARIES} ${DNNL_LIBRARY} OpenMP::OpenMP_CXX Threads::Threads ZLIB::ZLIB ${LIBZIP_LIBRARY} ${CMAKE_DL_LIBS}
   nlohmann_json::nlohmann_json fmt::fmt tomlplusplus::tomlplusplus simdjson::simdjson Boost::headers)
 target_compile_options(afterburner_deps INTERFACE -Wall -Wextra -Wno-unused-parameter)
 
@@ -52,6 +52,9 @@ function(afterburner_test area)
   target_link_libraries(test_${area} PRIVATE ${AFTERBURNER_CLOSURE_${area}} afterburner_testing
                         GTest::gtest GTest::gtest_main)
   target_precompile_headers(test_${area} REUSE_FROM afterburner_pch)
+  if(AFTERBURNER_SANITIZE)
+    return()  # a sanitizer build runs whole test binaries (tests/CMakeLists.txt)
+  endif()
   gtest_discover_tests(test_${area} DISCOVERY_TIMEOUT 60
     PROPERTIES ENVIRONMENT "AFTERBURNER_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
                # A second variable through ENVIRONMENT would be split at its ';' by gtest_discover_tests.

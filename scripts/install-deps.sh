@@ -7,9 +7,10 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libopenblas0-pthread libgloo-dev libdnnl-dev
   libgtest-dev libgmock-dev
-  libcli11-dev nlohmann-json3-dev libfmt-dev libtomlplusplus-dev zlib1g-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev libtomlplusplus-dev zlib1g-dev libzip-dev
   libboost-dev libsimdjson-dev wrk
   python3-torch python3-numpy
+  clang libclang-rt-14-dev libomp-dev   # the sanitizer build and the fuzzers (.ci/run)
   dataset-fashion-mnist
 )
 

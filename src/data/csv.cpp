@@ -58,6 +58,15 @@ T parse_cell(std::string_view cell, const std::string& path, int64_t line, size_
   return value;
 }
 
+void check_label(int64_t label, int64_t classes, const std::string& path, int64_t line, size_t column) {
+  std::string problem;
+  if (label < 0) problem = fmt::format("negative label {}", label);
+  if (classes > 0 && label >= classes) {
+    problem = fmt::format("label {} is outside the model's {} classes", label, classes);
+  }
+  if (!problem.empty()) throw DataError(fmt::format("{}:{}:{}", path, line, column + 1), problem);
+}
+
 size_t label_column_index(const std::string& path, const CsvOptions& options, const std::vector<std::string_view>& names,
                           size_t columns) {
   if (!options.label_name().empty()) {
@@ -113,10 +122,7 @@ DatasetPtr read_csv(const std::string& path, const CsvOptions& options) {
     for (size_t column = 0; column < columns; ++column) {
       if (column == label_column) {
         auto label = parse_cell<int64_t>(cells[column], path, line_number, column);
-        if (label < 0) {
-          throw DataError(fmt::format("{}:{}:{}", path, line_number, column + 1),
-                          fmt::format("negative label {}", label));
-        }
+        check_label(label, options.classes(), path, line_number, column);
         labels.push_back(label);
       } else {
         features.push_back(parse_cell<float>(cells[column], path, line_number, column));

@@ -20,6 +20,17 @@ void check_indices(const torch::Tensor& indices, int64_t size) {
   }
 }
 
+void check_labels(const torch::Tensor& labels, int64_t classes, const std::string& source) {
+  auto values = labels.to(torch::kLong).contiguous();
+  const int64_t* label = values.data_ptr<int64_t>();
+  for (int64_t i = 0; i < values.numel(); ++i) {
+    if (label[i] < 0 || label[i] >= classes) {
+      throw DataError(source,
+                      fmt::format("label {} at index {} is outside the model's {} classes", label[i], i, classes));
+    }
+  }
+}
+
 TensorDataset::TensorDataset(torch::Tensor inputs, torch::Tensor targets) {
   if (inputs.dim() < 1) throw UsageError("inputs", "expected at least one dimension (the samples)");
   if (targets.dim() != 1) {

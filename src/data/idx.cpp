@@ -152,7 +152,7 @@ torch::Tensor read_idx(const std::string& path) {
   return tensor;
 }
 
-DatasetPtr load_mnist(const std::string& dir, Split split) {
+DatasetPtr load_mnist(const std::string& dir, Split split, int64_t classes) {
   const std::string prefix = split == Split::train ? "train" : "t10k";
   const std::string images_path = mnist_file(dir, prefix + "-images-idx3-ubyte");
   const std::string labels_path = mnist_file(dir, prefix + "-labels-idx1-ubyte");
@@ -171,6 +171,7 @@ DatasetPtr load_mnist(const std::string& dir, Split split) {
     throw DataError(labels_path, fmt::format("{} labels for {} images in {}", labels.size(0), images.size(0),
                                              images_path));
   }
+  if (classes > 0) check_labels(labels, classes, labels_path);
   return std::make_shared<TensorDataset>(images.unsqueeze(1), labels);
 }
 

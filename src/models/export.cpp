@@ -7,6 +7,7 @@
 #include <variant>
 
 #include "afterburner/core/error.h"
+#include "afterburner/core/file_writer.h"
 #include "afterburner/models/residual.h"
 #include "afterburner/sketch/script.h"
 #include "afterburner/sketch/skconv2d.h"
@@ -131,9 +132,10 @@ void export_torchscript(const torch::nn::Sequential& model, const std::string& p
   Module module = export_sequential(model, unit);
   module.eval();
   try {
-    module.save(path);
+    write_file_atomically(path, module);
   } catch (const c10::Error& e) {
-    throw Error(path + ": cannot write the TorchScript file (" + e.what_without_backtrace() + ")");
+    const std::string message = e.what_without_backtrace();
+    throw Error(path + ": cannot write the TorchScript file (" + message.substr(0, message.find('\n')) + ")");
   }
 }
 

@@ -3,10 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <tuple>
 #include <unordered_map>
 
@@ -15,6 +12,7 @@
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include "afterburner/core/error.h"
+#include "afterburner/core/file_writer.h"
 
 namespace afterburner::profile {
 
@@ -92,25 +90,6 @@ nlohmann::json chrome_trace(const std::vector<OpEvent>& events) {
     trace_events.push_back(std::move(entry));
   }
   return {{"traceEvents", std::move(trace_events)}, {"displayTimeUnit", "ms"}};
-}
-
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  auto fail = [&](const std::string& problem) {
-    std::error_code ignored;
-    std::filesystem::remove(temporary, ignored);
-    return Error(path + ": cannot write the trace: " + problem);
-  };
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw fail(std::strerror(errno));
-    out << text;
-    out.close();
-    if (!out) throw fail("write failed");
-  }
-  std::error_code renamed;
-  std::filesystem::rename(temporary, path, renamed);
-  if (renamed) throw fail(renamed.message());
 }
 
 // Pairs each push with its pop (the legacy profiler files a pop under the thread of its push,

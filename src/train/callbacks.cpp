@@ -63,24 +63,24 @@ void ProgressBar::on_evaluation(const EvalInfo& info) {
   window_samples_ = window_seconds_ = 0;
 }
 
-JsonlLog::JsonlLog(const std::string& path) : out_(path, std::ios::trunc) {
-  if (!out_) throw Error(path + ": cannot open the JSON lines log for writing");
-}
+JsonlLog::JsonlLog(const std::string& path) : out_(path, FileWriter::Mode::stream) {}
 
 void JsonlLog::on_step_end(const StepInfo& i) {
   nlohmann::json line{{"event", "step"}, {"epoch", i.epoch}, {"step", i.step},
                       {"batch", i.batch_in_epoch}, {"samples", i.samples}, {"loss", i.loss},
                       {"lr", i.lr}, {"step_seconds", i.step_seconds}, {"rss_mb", i.rss_mb},
                       {"tensor_mb", i.tensor_mb}};
-  out_ << line.dump() << '\n';
+  out_.write(line.dump() + '\n');
 }
 
 void JsonlLog::on_evaluation(const EvalInfo& i) {
   nlohmann::json line{{"event", "eval"}, {"epoch", i.epoch}, {"step", i.step}, {"epoch_end", i.epoch_end},
                       {"train_seconds", i.train_seconds}, {"test_accuracy", i.result.accuracy},
                       {"test_loss", i.result.loss}};
-  out_ << line.dump() << std::endl;
+  out_.write(line.dump() + '\n');
 }
+
+void JsonlLog::on_train_end(const TrainReport&) { out_.commit(); }
 
 EarlyStopping::EarlyStopping(int64_t patience, double min_delta) : patience_(patience), min_delta_(min_delta) {}
 

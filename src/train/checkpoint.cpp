@@ -1,82 +1,25 @@
 #include "afterburner/train/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 
+#include "afterburner/core/archive.h"
 #include "afterburner/core/error.h"
+#include "afterburner/core/file_writer.h"
 
 namespace afterburner::train {
 namespace {
 
 const char* const kFormat = "afterburner-checkpoint-1";
 
-std::string errno_text() { return std::strerror(errno); }
-
-// A file descriptor that is closed (and the file unlinked unless committed) on every path.
-class TempFile {
- public:
-  explicit TempFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  }
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  int fd() const { return fd_; }
-  void close_and_commit(const std::string& final_path) {
-    if (::fsync(fd_) != 0) throw CheckpointError(final_path, "cannot sync: " + errno_text());
-    int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) throw CheckpointError(final_path, "cannot close: " + errno_text());
-    if (::rename(path_.c_str(), final_path.c_str()) != 0) {
-      throw CheckpointError(final_path, "cannot rename the temporary file into place: " + errno_text());
-    }
-    committed_ = true;
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
-void sync_directory(const std::filesystem::path& dir) {
-  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);  // makes the rename durable; best effort on filesystems that refuse it
-  ::close(fd);
-}
-
 void write_archive(const std::string& path, torch::serialize::OutputArchive& archive) {
-  std::filesystem::path final_path(path);
-  TempFile tmp(path + ".tmp." + std::to_string(::getpid()));
-  if (tmp.fd() < 0) throw CheckpointError(path, "cannot create a temporary file: " + errno_text());
-  std::string write_error;
-  // LibTorch's zip writer terminates the process when its sink reports a short write (it
-  // throws from a destructor), so the sink always claims success and remembers the failure.
-  archive.save_to([&](const void* data, size_t size) -> size_t {
-    const char* bytes = static_cast<const char*>(data);
-    size_t done = 0;
-    while (done < size && write_error.empty()) {
-      ssize_t n = ::write(tmp.fd(), bytes + done, size - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) write_error = n < 0 ? errno_text() : "short write";
-      else done += static_cast<size_t>(n);
-    }
-    return size;
-  });
-  if (!write_error.empty()) {
-    throw CheckpointError(path, "write failed (" + write_error + "); the previous checkpoint is kept");
+  try {
+    write_file_atomically(path, archive);
+  } catch (const FileWriteError& e) {
+    throw CheckpointError(path, e.problem());
   }
-  tmp.close_and_commit(path);
-  sync_directory(final_path.parent_path());
 }
 
 std::string first_line(const c10::Error& e) {
@@ -119,7 +62,10 @@ TrainState load_checkpoint(const std::string& path, CheckpointTarget target) {
   if (!std::filesystem::exists(path)) throw CheckpointError(path, "no such checkpoint");
   torch::serialize::InputArchive archive;
   try {
+    check_archive(path);
     archive.load_from(path);
+  } catch (const ArchiveError& e) {
+    throw CheckpointError(path, "not a readable checkpoint (" + e.problem() + ")");
   } catch (const c10::Error& e) {
     throw CheckpointError(path, "not a readable checkpoint (corrupt or truncated file)");
   }

@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include "afterburner/core/error.h"
+#include "afterburner/core/file_writer.h"
 #include "afterburner/core/heap.h"
 #include "afterburner/core/threads.h"
 #include "afterburner/data/idx.h"
@@ -84,9 +84,7 @@ void check_writable(const std::string& path, const std::string& flag) {
 }
 
 void write_report(const TrainReport& report, const std::string& path) {
-  std::ofstream out(path, std::ios::trunc);
-  out << report.to_json().dump(2) << '\n';
-  if (!out) throw Error(path + ": cannot write the report");
+  write_file_atomically(path, report.to_json().dump(2) + '\n');
 }
 
 torch::nn::Sequential sketched(const torch::nn::Sequential& model, const TrainConfig& config) {
@@ -120,14 +118,16 @@ TrainReport run_training(const TrainConfig& config) {
   }
   torch::manual_seed(config.seed);
 
-  auto train_set = data::load_mnist(config.data, data::Split::train);
-  auto test_set = data::load_mnist(config.data, data::Split::test);
+  // Labels outside the model's outputs stop the run here, naming the file, not inside the loss.
+  auto model_options = models::ModelOptions();
+  auto train_set = data::load_mnist(config.data, data::Split::train, model_options.num_classes());
+  auto test_set = data::load_mnist(config.data, data::Split::test, model_options.num_classes());
   auto norm = describe_images(*train_set);
   std::vector<data::TransformPtr> train_chain{data::to_float(1.0 / 255), data::normalize(norm.mean, norm.std)};
   if (config.augment) train_chain.push_back(data::random_crop(2));
   auto test_chain = data::compose({data::to_float(1.0 / 255), data::normalize(norm.mean, norm.std)});
 
-  auto model = models::make_model(config.model, models::ModelOptions().in_channels(norm.channels).image_size(norm.size));
+  auto model = models::make_model(config.model, model_options.in_channels(norm.channels).image_size(norm.size));
   if (config.sketch) model = sketched(model, config);
   bool channels_last = config.channels_last && config.model != "mlp";
   auto loader_options = data::LoaderOptions()

@@ -94,6 +94,7 @@ bool Trainer::optimizer_step() {
   bool stepped = scaler_.step(*optimizer_);
   scaler_.update();
   discard_gradients();
+  ++state_.step;
   return stepped;
 }
 
@@ -208,7 +209,6 @@ bool Trainer::run_epoch(TrainReport& report) {
       continue;
     }
     if (!optimizer_step()) ++report.skipped_steps;
-    ++state_.step;
     timer_.end_step(samples);
     StepInfo info = step_info(state_.epoch, samples, loss_sum / double(micro));
     info.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_begin).count();

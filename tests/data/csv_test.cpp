@@ -86,6 +86,16 @@ TEST_F(ReadCsv, NegativeLabel) {
   EXPECT_TRUE(Contains(message, "negative label -1"));
 }
 
+TEST_F(ReadCsv, LabelOutsideTheModelsClassesNamesFileLineAndColumn) {
+  const std::string text = "a,label\n1,9\n2,10\n";
+  EXPECT_NO_THROW(read_csv(write(text)));
+  EXPECT_EQ(data_error(text, CsvOptions().classes(10)),
+            (dir_ / "data.csv").string() + ":3:2: label 10 is outside the model's 10 classes");
+  EXPECT_TRUE(Contains(data_error("a,label\n1,-2\n", CsvOptions().classes(10)), "negative label -2"));
+  Batch all = everything(read_csv(write("a,label\n1,9\n2,0\n"), CsvOptions().classes(10)));
+  EXPECT_TRUE(torch::equal(all.target, torch::tensor({9, 0}, torch::kLong)));
+}
+
 TEST_F(ReadCsv, RaggedRow) {
   auto message = data_error("a,b,label\n1,2,0\n\n3,1\n");
   EXPECT_TRUE(Contains(message, (dir_ / "data.csv").string() + ":4: "));

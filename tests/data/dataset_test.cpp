@@ -48,6 +48,14 @@ TEST(TensorDataset, RejectsOutOfRangeIndices) {
   EXPECT_TRUE(Contains(message, "indices: expected a 1-D int64 tensor"));
 }
 
+TEST(CheckLabels, NamesTheFirstLabelOutsideTheClasses) {
+  EXPECT_NO_THROW(check_labels(torch::tensor({0, 9, 3}, torch::kByte), 10, "labels"));
+  EXPECT_EQ(error_message<DataError>([] { check_labels(torch::tensor({0, 9, 10, 11}), 10, "labels"); }),
+            "labels: label 10 at index 2 is outside the model's 10 classes");
+  EXPECT_EQ(error_message<DataError>([] { check_labels(torch::tensor({2, -1}, torch::kChar), 3, "file.idx"); }),
+            "file.idx: label -1 at index 1 is outside the model's 3 classes");
+}
+
 TEST(SubsetDataset, ComposesViews) {
   auto base = std::make_shared<TensorDataset>(torch::arange(10, torch::kFloat).view({10, 1}), torch::arange(10));
   auto odd = std::make_shared<SubsetDataset>(base, torch::arange(1, 10, 2));        // 1 3 5 7 9

@@ -289,6 +289,24 @@ TEST(LoadMnist, WrongLabelDimensions) {
   EXPECT_TRUE(Contains(message, "expected uint8 labels [N]"));
 }
 
+// One corrupt byte in a labels file: label 200 for a 10-class model.
+TEST(LoadMnist, LabelOutsideTheModelsClassesNamesFileIndexAndValue) {
+  TempDir dir;
+  write_mnist(dir, "t10k", 20, 20, /*gz=*/true);
+  std::string labels(20, '\0');
+  for (int i = 0; i < 20; ++i) labels[i] = static_cast<char>(i % 10);
+  labels[17] = static_cast<char>(200);
+  const auto path = dir / "t10k-labels-idx1-ubyte.gz";
+  write_gz(path, idx_file(0x08, {20}, labels));
+  EXPECT_EQ(error_message<DataError>([&] { load_mnist(dir.path().string(), Split::test, 10); }),
+            path.string() + ": label 200 at index 17 is outside the model's 10 classes");
+  EXPECT_EQ(error_message<DataError>([&] { load_mnist(dir.path().string(), Split::test, 7); }),
+            path.string() + ": label 7 at index 7 is outside the model's 7 classes");
+  // Without a model there is nothing to check against: any uint8 is a label.
+  auto unchecked = load_mnist(dir.path().string(), Split::test);
+  EXPECT_EQ(unchecked->get_batch(torch::tensor({17}, torch::kLong)).target.item<int64_t>(), 200);
+}
+
 // The decompressed bytes of a gzip file, read with zlib alone.
 std::string gunzip(const std::filesystem::path& path) {
   gzFile file = gzopen(path.c_str(), "rb");

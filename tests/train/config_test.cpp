@@ -78,6 +78,12 @@ TEST(Config, TomlErrorsNameTheFileAndKeyOrLine) {
   testing::write_file(path, "lr = 0.1\nepochs = = 3\n");
   auto syntax = usage_error_of([&] { apply_toml_file(config, path); });
   EXPECT_NE(syntax.find(path + ":2"), std::string::npos) << syntax;
+  // Found by fuzzing: toml++ quotes the bytes it choked on, a newline among them.
+  testing::write_file(path, "nesterov = t\n");
+  auto quoted = usage_error_of([&] { apply_toml_file(config, path); });
+  EXPECT_NE(quoted.find(path + ":1:"), std::string::npos) << quoted;
+  EXPECT_EQ(quoted.find('\n'), std::string::npos) << quoted;
+  EXPECT_NE(quoted.find("\\x0a"), std::string::npos) << quoted;
   auto missing = usage_error_of([&] { apply_toml_file(config, (dir / "none.toml").string()); });
   EXPECT_NE(missing.find("none.toml"), std::string::npos) << missing;
 }

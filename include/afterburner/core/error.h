@@ -9,15 +9,33 @@
 //   }
 #pragma once
 
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
 namespace afterburner {
 
-// Base of every error afterburner raises on purpose. what() is one line.
+// `text` with its control characters but tab written as \xNN: bad input quoted in a message
+// (a parser echoing the bytes it choked on, a newline among them) cannot break it over lines.
+inline std::string one_line(const std::string& text) {
+  std::string line;
+  line.reserve(text.size());
+  for (unsigned char c : text) {
+    if ((c < 0x20 && c != '\t') || c == 0x7f) {
+      char escaped[5];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+      line += escaped;
+    } else {
+      line += static_cast<char>(c);
+    }
+  }
+  return line;
+}
+
+// Base of every error afterburner raises on purpose. what() is one line, whatever it quotes.
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  explicit Error(const std::string& message) : std::runtime_error(one_line(message)) {}
   // 2 for a usage error (bad flag or option value), 1 for anything else.
   virtual int exit_code() const { return 1; }
 };

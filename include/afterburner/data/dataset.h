@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace afterburner::data {
 
@@ -58,5 +59,10 @@ class SubsetDataset : public Dataset {
 
 // Throws UsageError("indices", ...) unless `indices` is 1-D int64 with every value in [0, size).
 void check_indices(const torch::Tensor& indices, int64_t size);
+
+// Throws DataError naming `source` ("<source>: label 200 at index 17 is outside the model's 10
+// classes") for the first of the 1-D integer `labels` that is not in [0, classes), so that a
+// corrupt label stops a run when the data is loaded rather than deep inside the loss.
+void check_labels(const torch::Tensor& labels, int64_t classes, const std::string& source);
 
 }  // namespace afterburner::data

@@ -1,8 +1,8 @@
 // IDX files (the MNIST family's format), raw or gzip-compressed, and the MNIST layout.
 //
 //   torch::Tensor labels = read_idx("/data/train-labels-idx1-ubyte.gz");   // uint8 [60000]
-//   DatasetPtr train = load_mnist("/usr/share/datasets/fashion-mnist", Split::train);
-//   train->size();   // 60000; inputs uint8 [N, 1, 28, 28], targets int64 [N]
+//   DatasetPtr train = load_mnist("/usr/share/datasets/fashion-mnist", Split::train, /*classes=*/10);
+//   train->size();   // 60000; inputs uint8 [N, 1, 28, 28], targets int64 [N] in [0, 10)
 #pragma once
 
 #include <torch/types.h>
@@ -22,7 +22,8 @@ enum class Split { train, test };
 
 // Reads <dir>/{train,t10k}-{images-idx3,labels-idx1}-ubyte, preferring the raw file and
 // falling back to the .gz one. Checks the images are uint8 [N, 28, 28], the labels uint8
-// [N], and that the counts agree.
-DatasetPtr load_mnist(const std::string& dir, Split split);
+// [N], that the counts agree and, when `classes` > 0 (the model's outputs), that every label
+// is one of the classes (check_labels).
+DatasetPtr load_mnist(const std::string& dir, Split split, int64_t classes = 0);
 
 }  // namespace afterburner::data

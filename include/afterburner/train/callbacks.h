@@ -7,10 +7,10 @@
 
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <string>
 
+#include "afterburner/core/file_writer.h"
 #include "afterburner/train/report.h"
 
 namespace afterburner::train {
@@ -67,14 +67,18 @@ class ProgressBar : public Callback {
 };
 
 // One JSON object per line: {"event":"step",...} per step, {"event":"eval",...} per evaluation.
+// Streamed through a FileWriter (core/file_writer.h): each line reaches the file as it is
+// written, so `tail -f` follows the run and a killed run keeps its log; a write that fails (a
+// full disk) throws FileWriteError naming the path.
 class JsonlLog : public Callback {
  public:
-  explicit JsonlLog(const std::string& path);  // throws Error naming the path if it cannot open
+  explicit JsonlLog(const std::string& path);  // throws FileWriteError naming the path if it cannot open
   void on_step_end(const StepInfo& info) override;
   void on_evaluation(const EvalInfo& info) override;
+  void on_train_end(const TrainReport& report) override;
 
  private:
-  std::ofstream out_;
+  FileWriter out_;
 };
 
 // Stops when the test accuracy has not improved by more than min_delta for `patience` evaluations.

@@ -5,6 +5,10 @@
 //                   TrainerOptions().epochs(5).precision(Precision::bf16).model_name("cnn"));
 //   trainer.add_callback(std::make_shared<ProgressBar>(ProgressMode::automatic));
 //   TrainReport report = trainer.fit();
+//
+//   double loss = trainer.forward_backward(batch);   // or one step at a time
+//   inspect(trainer.model()->parameters());          // the gradients of this step
+//   trainer.optimizer_step();
 #pragma once
 
 #include <torch/arg.h>
@@ -61,16 +65,22 @@ class Trainer {
   TrainReport fit();
   EvalResult evaluate();
 
+  // One step as fit() runs it, in two calls so that the gradients can be looked at in between:
+  // forward_backward() for each of the step's accumulate() micro-batches, then optimizer_step().
+  //
+  // Forward (under autocast) and backward of one micro-batch; returns its (unscaled) loss, and
+  // skips the backward when that loss is not finite.
+  double forward_backward(const data::Batch& batch);
+  // Sets the step's learning rate, clips, steps (unless the scaler finds inf/NaN), clears the
+  // gradients and counts the step in state().step; false if the step was skipped.
+  bool optimizer_step();
+
   const TrainState& state() const { return state_; }
   torch::nn::Sequential& model() { return model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const TrainerOptions& options() const { return options_; }
 
  private:
-  // Forward and backward of one micro-batch; returns its (unscaled) loss.
-  double forward_backward(const data::Batch& batch);
-  // Clips, steps (unless the scaler finds inf/NaN) and clears the gradients; false if skipped.
-  bool optimizer_step();
   void discard_gradients();
   // Throws TrainingError naming the step, or with skip_nonfinite drops the step's gradients.
   void skip_nonfinite_loss(double loss, TrainReport& report);

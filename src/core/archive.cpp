@@ -1,0 +1,53 @@
+#include "afterburner/core/archive.h"
+
+#include <zip.h>
+
+#include <memory>
+#include <vector>
+
+namespace afterburner {
+namespace {
+
+struct ArchiveCloser {
+  void operator()(zip_t* archive) const { zip_discard(archive); }
+};
+struct RecordCloser {
+  void operator()(zip_file_t* record) const { zip_fclose(record); }
+};
+
+std::string open_error(int code) {
+  zip_error_t error;
+  zip_error_init_with_code(&error, code);
+  std::string text = zip_error_strerror(&error);
+  zip_error_fini(&error);
+  return text;
+}
+
+}  // namespace
+
+void check_archive(const std::string& path) {
+  int code = 0;
+  // ZIP_CHECKCONS: also the central directory against each record's local header.
+  std::unique_ptr<zip_t, ArchiveCloser> archive(zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &code));
+  if (!archive) {
+    throw ArchiveError(path, "not a readable zip archive (" + open_error(code) + "): truncated or not a PyTorch file");
+  }
+  std::vector<char> buffer(1 << 16);
+  const zip_int64_t records = zip_get_num_entries(archive.get(), 0);
+  for (zip_int64_t i = 0; i < records; ++i) {
+    const char* name = zip_get_name(archive.get(), i, 0);
+    const std::string record = name ? name : "#" + std::to_string(i);
+    std::unique_ptr<zip_file_t, RecordCloser> file(zip_fopen_index(archive.get(), i, 0));
+    if (!file) throw ArchiveError(path, "record " + record + " cannot be read (" + zip_strerror(archive.get()) + ")");
+    zip_int64_t read = 0;
+    while ((read = zip_fread(file.get(), buffer.data(), buffer.size())) > 0) {
+    }
+    if (read < 0) {
+      zip_error_t* error = zip_file_get_error(file.get());
+      if (zip_error_code_zip(error) == ZIP_ER_CRC) throw ArchiveError(path, "record " + record + " fails its CRC-32 check");
+      throw ArchiveError(path, "record " + record + " cannot be read (" + zip_error_strerror(error) + ")");
+    }
+  }
+}
+
+}  // namespace afterburner
