@@ -23,6 +23,7 @@ struct OptimizeArgs {
   std::string precision = "fp32";
   std::string input_shape = "1,28,28";
   std::string data;
+  std::string example_inputs;
   double tolerance = -1;      // < 0: the precision's default
   double min_agreement = -1;  // < 0: the precision's default
   bool force = false;
@@ -59,6 +60,7 @@ infer::OptimizeFileOptions file_options(const OptimizeArgs& args) {
       .precision(precision)
       .input_shape(parse_shape(args.input_shape))
       .data(args.data)
+      .example_inputs(args.example_inputs)
       .tolerance(tolerance)
       .force(args.force)
       .measure_seconds(args.measure_seconds);
@@ -78,7 +80,15 @@ int run_optimize(const OptimizeArgs& args) {
   const auto report = infer::optimize_file(args.input, args.output, options);
   std::cout << "verified on " << report.verified_on << "\npasses:\n";
   for (const auto& pass : report.passes) std::cout << "  " << pass << "\n";
-  std::cout << "agreement: " << infer::describe(report.agreement) << "\n";
+  if (report.outputs.size() == 1) {
+    std::cout << "agreement: " << infer::describe(report.agreement) << "\n";
+  } else {
+    std::cout << fmt::format("agreement (worst of {} outputs): {}\n", report.outputs.size(),
+                             infer::describe(report.agreement));
+    for (size_t i = 0; i < report.outputs.size(); ++i) {
+      std::cout << fmt::format("  output {}: {}\n", i, infer::describe(report.outputs[i]));
+    }
+  }
   if (!report.agrees) {
     std::cerr << fmt::format("afterburner: verification failed (tolerance: max abs diff {:g}, top-1 agreement {:.2f}%); "
                              "writing anyway (--force)\n",
@@ -113,11 +123,18 @@ Command add_optimize_command(CLI::App& app) {
   sub->add_option("-o,--output", args->output, "where to write the optimized model")->required();
   sub->add_option("--precision", args->precision, "fp32, bf16 or int8 (int8: Linear layers)")
       ->capture_default_str();
-  sub->add_option("--input-shape", args->input_shape, "one sample's shape, without the batch dimension")
-      ->capture_default_str();
-  sub->add_option("--data", args->data,
-                  "Fashion-MNIST directory for verification on real images (default: the system's copy "
-                  "when the shape is 1,28,28)");
+  auto* input_shape =
+      sub->add_option("--input-shape", args->input_shape,
+                      "one sample's shape, without the batch dimension (random inputs, models with one float input)")
+          ->capture_default_str();
+  auto* data = sub->add_option("--data", args->data,
+                               "Fashion-MNIST directory for verification on real images (default: the system's copy "
+                               "when the shape is 1,28,28)");
+  sub->add_option("--example-inputs", args->example_inputs,
+                  "verify and measure on these inputs: a file torch.save wrote, a tensor or a tuple of tensors (one "
+                  "per forward argument, batch dimension first); needed for several or non-float inputs")
+      ->excludes(input_shape)
+      ->excludes(data);
   sub->add_option("--tolerance", args->tolerance,
                   "largest max abs output difference accepted (default: " +
                       default_per_precision([](const infer::Tolerance& t) { return t.max_abs_diff(); }) + ")")

@@ -30,12 +30,21 @@ double percentile(const std::vector<double>& sorted, double q) {
   return sorted[std::min(rank, sorted.size() - 1)];
 }
 
-SpeedPoint measure_batch(torch::jit::Module& model, const std::vector<int64_t>& sample_shape,
-                         int64_t batch_size, const MeasureOptions& options) {
+// Rows 0..batch_size-1 of every example tensor, cycling through them when there are fewer.
+std::vector<torch::jit::IValue> batch_of(const std::vector<torch::Tensor>& examples, int64_t batch_size) {
+  std::vector<torch::jit::IValue> batch;
+  const int64_t rows = examples[0].size(0);
+  const auto index = torch::arange(batch_size, torch::kLong).remainder(rows);
+  for (const auto& example : examples) {
+    batch.emplace_back(batch_size <= rows ? example.slice(0, 0, batch_size).contiguous() : example.index_select(0, index));
+  }
+  return batch;
+}
+
+SpeedPoint measure_batch(torch::jit::Module& model, const std::vector<torch::Tensor>& examples, int64_t batch_size,
+                         const MeasureOptions& options) {
   using Clock = std::chrono::steady_clock;
-  std::vector<int64_t> shape{batch_size};
-  shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
-  std::vector<torch::jit::IValue> input{torch::randn(shape)};
+  const std::vector<torch::jit::IValue> input = batch_of(examples, batch_size);
   for (int i = 0; i < options.warmup_calls(); ++i) model.forward(input);
 
   std::vector<double> latencies_ms;
@@ -55,17 +64,35 @@ SpeedPoint measure_batch(torch::jit::Module& model, const std::vector<int64_t>& 
   return point;
 }
 
-}  // namespace
-
-Speed measure(torch::jit::Module& model, const std::vector<int64_t>& sample_shape, const MeasureOptions& options) {
+void check_batch_sizes(const MeasureOptions& options) {
   if (options.batch_sizes().empty()) throw UsageError("batch_sizes", "no batch size to measure");
   for (auto size : options.batch_sizes()) {
     if (size < 1) throw UsageError("batch_sizes", fmt::format("{} is not a positive batch size", size));
   }
+}
+
+}  // namespace
+
+Speed measure_inputs(torch::jit::Module& model, const std::vector<torch::Tensor>& examples,
+                     const MeasureOptions& options) {
+  check_batch_sizes(options);
+  if (examples.empty()) throw UsageError("examples", "no example inputs");
+  for (const auto& example : examples) {
+    if (example.dim() == 0 || example.size(0) < 1 || example.size(0) != examples[0].size(0)) {
+      throw UsageError("examples", "every example input needs the same number of rows, at least 1");
+    }
+  }
   c10::InferenceMode inference;
   Speed speed;
-  for (auto size : options.batch_sizes()) speed.points.push_back(measure_batch(model, sample_shape, size, options));
+  for (auto size : options.batch_sizes()) speed.points.push_back(measure_batch(model, examples, size, options));
   return speed;
+}
+
+Speed measure(torch::jit::Module& model, const std::vector<int64_t>& sample_shape, const MeasureOptions& options) {
+  check_batch_sizes(options);
+  std::vector<int64_t> shape{*std::max_element(options.batch_sizes().begin(), options.batch_sizes().end())};
+  shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+  return measure_inputs(model, {torch::randn(shape)}, options);
 }
 
 }  // namespace afterburner::infer

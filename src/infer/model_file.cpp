@@ -1,10 +1,11 @@
 #include "afterburner/infer/model_file.h"
 
 #include <torch/script.h>
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
+
+#include "afterburner/core/archive.h"
+#include "afterburner/core/file_writer.h"
 
 namespace afterburner::infer {
 namespace fs = std::filesystem;
@@ -24,11 +25,14 @@ torch::jit::Module load_model(const std::string& path) {
   if (!fs::exists(path, ec)) throw ModelError(path, "no such model file");
   if (!fs::is_regular_file(path, ec)) throw ModelError(path, "not a regular file");
   try {
+    check_archive(path);
     auto model = torch::jit::load(path, torch::kCPU);
     if (!model.find_method("forward")) throw ModelError(path, "TorchScript module has no forward method");
     return model;
   } catch (const c10::Error& e) {
     throw ModelError(path, "not a loadable TorchScript model (" + first_line(e.what_without_backtrace()) + ")");
+  } catch (const ArchiveError& e) {
+    throw ModelError(path, "not a loadable TorchScript model (" + e.problem() + ")");
   } catch (const ModelError&) {
     throw;
   } catch (const std::exception& e) {
@@ -37,18 +41,12 @@ torch::jit::Module load_model(const std::string& path) {
 }
 
 void save_model(const torch::jit::Module& model, const std::string& path) {
-  const std::string temporary = path + ".tmp-" + std::to_string(::getpid());
   try {
-    model.save(temporary);
-  } catch (const std::exception& e) {
-    fs::remove(temporary);
-    throw ModelError(path, "cannot write model (" + first_line(e.what()) + ")");
-  }
-  std::error_code ec;
-  fs::rename(temporary, path, ec);
-  if (ec) {
-    fs::remove(temporary);
-    throw ModelError(path, "cannot write model (" + ec.message() + ")");
+    write_file_atomically(path, model);
+  } catch (const FileWriteError& e) {
+    throw ModelError(path, e.problem());
+  } catch (const c10::Error& e) {
+    throw ModelError(path, "cannot write model (" + first_line(e.what_without_backtrace()) + ")");
   }
 }
 

@@ -2,12 +2,15 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/freeze_module.h>
 #include <torch/csrc/jit/passes/frozen_conv_folding.h>
 #include <torch/csrc/jit/passes/remove_dropout.h>
 #include <torch/script.h>
+
+#include <algorithm>
 
 #include "afterburner/core/error.h"
 #include "afterburner/infer/model_file.h"
@@ -60,11 +63,51 @@ int count_nodes(const std::shared_ptr<Graph>& graph, const std::vector<std::stri
 
 std::shared_ptr<Graph> forward_graph(const Module& model) { return model.get_method("forward").graph(); }
 
-// The whole model computes in bfloat16; callers still pass and get float32. Images (4-D
-// tensors) and convolution weights go channels-last: oneDNN's bf16 convolutions and ATen's
-// bf16 pooling run on that layout without reordering, three times the speed of bf16 NCHW (and
-// of fp32 on oneDNN's blocked layout) on the zoo cnn.
+// "x: Tensor, mask: Optional[Tensor]" and "self._to_bfloat16(x), mask" for forward's arguments
+// after self: floating-point tensors go in as bfloat16, everything else as it is.
+struct WrappedArguments {
+  std::vector<std::string> declared;
+  std::vector<std::string> passed;
+};
+
+WrappedArguments wrapped_arguments(const c10::FunctionSchema& schema) {
+  WrappedArguments wrapped;
+  for (size_t i = 1; i < schema.arguments().size(); ++i) {
+    const auto& argument = schema.arguments()[i];
+    const bool tensor = argument.type()->kind() == c10::TypeKind::TensorType;
+    wrapped.declared.push_back(fmt::format("{}: {}", argument.name(), argument.type()->annotation_str()));
+    wrapped.passed.push_back(tensor ? fmt::format("self._to_bfloat16({})", argument.name()) : argument.name());
+  }
+  return wrapped;
+}
+
+// The body of the wrapper's forward after its call to the model: a tensor or each element of a
+// tuple of tensors back to float32. Throws Error for other return types.
+std::string returned_in_float32(const c10::FunctionSchema& schema) {
+  const c10::TypePtr& type = schema.returns().at(0).type();
+  if (type->kind() == c10::TypeKind::TensorType) return "    return self._to_float32(y)\n";
+  const auto tuple = type->cast<c10::TupleType>();
+  const bool tensors = tuple && !tuple->elements().empty() &&
+                       std::all_of(tuple->elements().begin(), tuple->elements().end(),
+                                   [](const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; });
+  if (!tensors) {
+    throw Error("optimize: bf16 handles models returning a tensor or a tuple of tensors; forward returns " +
+                type->annotation_str());
+  }
+  std::vector<std::string> converted;
+  for (size_t i = 0; i < tuple->elements().size(); ++i) converted.push_back(fmt::format("self._to_float32(y[{}])", i));
+  return fmt::format("    return ({}{})\n", fmt::join(converted, ", "), converted.size() == 1 ? "," : "");
+}
+
+// The whole model computes in bfloat16; callers still pass and get float32 (integer inputs
+// and outputs, such as token ids, pass as they are). Images (4-D tensors) and convolution
+// weights go channels-last: oneDNN's bf16 convolutions and ATen's bf16 pooling run on that
+// layout without reordering, three times the speed of bf16 NCHW (and of fp32 on oneDNN's
+// blocked layout) on the zoo cnn. The wrapper's forward takes the model's arguments by name.
 Module wrap_in_bfloat16(Module model) {
+  const c10::FunctionSchema schema = model.get_method("forward").function().getSchema();
+  const std::string returned = returned_in_float32(schema);
+  const WrappedArguments arguments = wrapped_arguments(schema);
   torch::NoGradGuard no_grad;
   for (const auto& parameter : model.parameters()) {
     auto converted = parameter.to(torch::kBFloat16);
@@ -81,13 +124,26 @@ Module wrap_in_bfloat16(Module model) {
   // TorchScript source defined from C++ has no `torch` module to name dtypes and memory formats
   // by: each is its enum's number.
   wrapper.define(fmt::format(
-      "def forward(self, x):\n"
+      "def _to_bfloat16(self, x: Tensor) -> Tensor:\n"
+      "    if not x.is_floating_point():\n"
+      "        return x\n"
       "    x = x.to({bf16})\n"
       "    if x.dim() == 4:\n"
       "        x = x.contiguous(memory_format={channels_last})\n"
-      "    return self.model.forward(x).to({fp32})\n",
+      "    return x\n"
+      "\n"
+      "def _to_float32(self, y: Tensor) -> Tensor:\n"
+      "    if y.is_floating_point():\n"
+      "        return y.to({fp32})\n"
+      "    return y\n"
+      "\n"
+      "def forward(self, {declared}):\n"
+      "    y = self.model.forward({passed})\n"
+      "{returned}",
       fmt::arg("bf16", static_cast<int>(torch::kBFloat16)), fmt::arg("fp32", static_cast<int>(torch::kFloat)),
-      fmt::arg("channels_last", static_cast<int>(torch::MemoryFormat::ChannelsLast))));
+      fmt::arg("channels_last", static_cast<int>(torch::MemoryFormat::ChannelsLast)),
+      fmt::arg("declared", fmt::join(arguments.declared, ", ")), fmt::arg("passed", fmt::join(arguments.passed, ", ")),
+      fmt::arg("returned", returned)));
   wrapper.eval();
   return wrapper;
 }

@@ -1,9 +1,15 @@
 #include "afterburner/infer/optimize_file.h"
 
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
+#include "afterburner/core/archive.h"
 #include "afterburner/core/error.h"
 #include "afterburner/data/idx.h"
 #include "afterburner/infer/model_file.h"
@@ -19,13 +25,95 @@ constexpr double kFashionMnistMean = 0.2860;
 constexpr double kFashionMnistStd = 0.3530;
 
 struct VerificationInputs {
-  torch::Tensor images;
+  std::vector<torch::Tensor> tensors;  // one per forward argument, [N, ...]
   std::string description;
 };
 
-// Real images where the model takes Fashion-MNIST ones, random ones otherwise: agreement on
-// real data is what users care about.
-VerificationInputs verification_inputs(const OptimizeFileOptions& options) {
+// The one line of an exception worth showing: LibTorch's errors carry a backtrace, and the
+// TorchScript interpreter's a traceback whose last line is the cause.
+std::string reason(const std::exception& e) {
+  const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = torch_error ? torch_error->what_without_backtrace() : e.what();
+  std::string last;
+  for (std::size_t start = 0; start < text.size();) {
+    std::size_t end = std::min(text.find('\n', start), text.size());
+    if (text.find_first_not_of(" \t\r", start) < end) last = text.substr(start, end - start);
+    start = end + 1;
+  }
+  const std::string prefix = "RuntimeError: ";
+  return last.rfind(prefix, 0) == 0 ? last.substr(prefix.size()) : last;
+}
+
+std::vector<std::string> forward_arguments(const torch::jit::Module& model) {
+  std::vector<std::string> names;
+  const auto& arguments = model.get_method("forward").function().getSchema().arguments();
+  for (size_t i = 1; i < arguments.size(); ++i) names.push_back(arguments[i].name());  // after self
+  return names;
+}
+
+std::string shapes(const std::vector<torch::Tensor>& tensors) {
+  std::vector<std::string> each;
+  for (const auto& tensor : tensors) each.push_back(c10::str(tensor.sizes()));
+  return fmt::format("{}", fmt::join(each, " and "));
+}
+
+// The tensors of a torch.save file: a tensor, or a tuple or list of tensors sharing their rows.
+std::vector<torch::Tensor> load_example_inputs(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(path, "cannot read the example inputs");
+  try {
+    check_archive(path);
+  } catch (const ArchiveError& e) {
+    throw DataError(path, "not a file of tensors as torch.save writes it (" + e.problem() + ")");
+  }
+  const std::vector<char> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  c10::IValue value;
+  try {
+    value = torch::jit::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    throw DataError(path, "not a file of tensors as torch.save writes it (" + reason(e) + ")");
+  }
+  std::vector<c10::IValue> elements{value};
+  if (value.isTuple()) elements = value.toTupleRef().elements().vec();
+  if (value.isList()) elements = value.toListRef().vec();
+  std::vector<torch::Tensor> tensors;
+  for (const auto& element : elements) {
+    if (!element.isTensor()) {
+      throw DataError(path, fmt::format("holds a {}: example inputs are a tensor, or a tuple or list of tensors",
+                                        element.tagKind()));
+    }
+    tensors.push_back(element.toTensor());
+  }
+  if (tensors.empty()) throw DataError(path, "holds no tensors");
+  for (const auto& tensor : tensors) {
+    if (tensor.dim() == 0 || tensor.size(0) < 1 || tensor.size(0) != tensors[0].size(0)) {
+      throw DataError(path, "example inputs need the same number of rows, at least one, batch dimension first: got " +
+                                shapes(tensors));
+    }
+  }
+  return tensors;
+}
+
+// The user's examples if given; else real images where the model takes Fashion-MNIST ones,
+// random ones otherwise: agreement on real data is what users care about.
+VerificationInputs verification_inputs(const std::string& input, const torch::jit::Module& model,
+                                       const OptimizeFileOptions& options) {
+  const auto arguments = forward_arguments(model);
+  if (!options.example_inputs().empty()) {
+    auto tensors = load_example_inputs(options.example_inputs());
+    if (tensors.size() != arguments.size()) {
+      throw DataError(options.example_inputs(),
+                      fmt::format("holds {} example inputs, {}'s forward takes {} ({})", tensors.size(), input,
+                                  arguments.size(), fmt::join(arguments, ", ")));
+    }
+    return {tensors, fmt::format("{} example inputs from {}", tensors[0].size(0), options.example_inputs())};
+  }
+  if (arguments.size() != 1) {
+    throw UsageError("example_inputs",
+                     fmt::format("{}'s forward takes {} inputs ({}) and random inputs of one shape feed one: give a "
+                                 "file of example inputs (torch.save of a tuple of {} tensors, batch dimension first)",
+                                 input, arguments.size(), fmt::join(arguments, ", "), arguments.size()));
+  }
   const auto& shape = options.input_shape();
   const bool mnist_shape = shape == std::vector<int64_t>{1, 28, 28};
   std::string dir = options.data();
@@ -34,12 +122,29 @@ VerificationInputs verification_inputs(const OptimizeFileOptions& options) {
     if (!mnist_shape) throw UsageError("data", "Fashion-MNIST verification needs the input shape 1,28,28");
     auto test = data::load_mnist(dir, data::Split::test);
     auto images = test->get_batch(torch::arange(test->size())).input;
-    return {(images.to(torch::kFloat) / 255.0 - kFashionMnistMean) / kFashionMnistStd,
+    return {{(images.to(torch::kFloat) / 255.0 - kFashionMnistMean) / kFashionMnistStd},
             fmt::format("{} Fashion-MNIST test images from {}", images.size(0), dir)};
   }
   std::vector<int64_t> batch_shape{kRandomSamples};
   batch_shape.insert(batch_shape.end(), shape.begin(), shape.end());
-  return {torch::randn(batch_shape), fmt::format("{} random inputs", kRandomSamples)};
+  return {{torch::randn(batch_shape)}, fmt::format("{} random inputs", kRandomSamples)};
+}
+
+// A model that cannot run on the verification inputs (float inputs where it embeds token ids,
+// the wrong shape) is the user's to fix: say so in one line before optimizing anything.
+void check_runs_on(torch::jit::Module& model, const std::string& input, const VerificationInputs& inputs,
+                   const OptimizeFileOptions& options) {
+  std::vector<c10::IValue> first_rows;
+  for (const auto& tensor : inputs.tensors) first_rows.emplace_back(tensor.slice(0, 0, 2));
+  try {
+    c10::InferenceMode inference;
+    model.forward(first_rows);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("{}: the model fails on {}: {}{}", input, inputs.description, reason(e),
+                            options.example_inputs().empty()
+                                ? "; give inputs of the right shape and type as a file of example inputs"
+                                : ""));
+  }
 }
 
 }  // namespace
@@ -51,27 +156,35 @@ OptimizeFileReport optimize_file(const std::string& input, const std::string& ou
   torch::manual_seed(0);
   auto original = load_model(input);
   original.eval();  // saved in training mode, its dropout would make verification a coin toss
-  const VerificationInputs inputs = verification_inputs(options);
+  const VerificationInputs inputs = verification_inputs(input, original, options);
   report.verified_on = inputs.description;
-  auto result = optimize(original, OptimizeOptions().precision(options.precision()));
+  check_runs_on(original, input, inputs, options);
+  OptimizeResult result;
+  try {
+    result = optimize(original, OptimizeOptions().precision(options.precision()));
+    auto prepared = prepare_for_inference(result.model);  // verified as it will run
+    report.outputs = verify_outputs(original, prepared, inputs.tensors);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", input, e.what()));
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("{}: cannot optimize at {}: {}", input, to_string(options.precision()), reason(e)));
+  }
   report.passes = result.passes;
-
-  auto prepared = prepare_for_inference(result.model);  // verified as it will run
-  report.agreement = verify(original, prepared, inputs.images);
-  report.agrees = within(report.agreement, report.tolerance);
+  report.agreement = worst(report.outputs);
+  report.agrees = within(report.outputs, report.tolerance);
   if (!report.agrees && !options.force()) {
     throw Error(fmt::format("{}: not written, verification failed: {} (tolerance: max abs diff {:g}, top-1 "
                             "agreement {:.2f}%); --force writes it anyway",
-                            output, describe(report.agreement), report.tolerance.max_abs_diff(),
+                            output, describe(report.outputs), report.tolerance.max_abs_diff(),
                             100.0 * report.tolerance.min_top1_agreement()));
   }
   save_model(result.model, output);
 
   if (options.measure_seconds() > 0) {
     const auto measuring = MeasureOptions().seconds_per_batch_size(options.measure_seconds());
-    report.before = measure(original, options.input_shape(), measuring);
+    report.before = measure_inputs(original, inputs.tensors, measuring);
     auto deployed = load_optimized(output);
-    report.after = measure(deployed, options.input_shape(), measuring);
+    report.after = measure_inputs(deployed, inputs.tensors, measuring);
   }
   return report;
 }

@@ -3,7 +3,6 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <utility>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "afterburner/serve/protocol.h"
 
 namespace afterburner::serve {
 namespace {
@@ -33,19 +33,6 @@ constexpr std::size_t kReadChunk = 16 << 10;
 constexpr std::chrono::milliseconds kLingerTimeout{1000};
 
 std::string_view view(beast::string_view text) { return {text.data(), text.size()}; }
-
-Reply error_reply(int status, const std::string& message) {
-  Reply reply;
-  reply.status = status;
-  reply.body = nlohmann::json{{"error", message}}.dump();
-  return reply;
-}
-
-Reply json_reply(const nlohmann::json& body) {
-  Reply reply;
-  reply.body = body.dump();
-  return reply;
-}
 
 struct Route {
   enum Kind { not_found, live, ready, server_metadata, model_metadata, model_ready, infer, metrics } kind;
@@ -228,10 +215,21 @@ class Session : public std::enable_shared_from_this<Session> {
     if (error == http::error::header_limit) {
       return write(error_reply(431, "request header over " + std::to_string(options.max_header_bytes()) + " bytes"));
     }
+    // A client that half-closes (shutdown(SHUT_WR)) mid-request may still be reading: answer it.
+    if (error == http::error::partial_message) return write(error_reply(400, truncation()));
     bool malformed = error.category() == http::make_error_code(http::error::bad_method).category() &&
-                     error != http::error::end_of_stream && error != http::error::partial_message;
+                     error != http::error::end_of_stream;
     if (!malformed) return close();  // the client went away
     write(error_reply(400, "malformed HTTP request: " + error.message()));
+  }
+
+  std::string truncation() const {
+    if (!parser_->is_header_done()) return "truncated HTTP request: the connection ended inside the header";
+    const auto length = parser_->content_length();
+    if (!length) return "truncated HTTP request: the connection ended inside the chunked body";
+    return "truncated HTTP request: the connection ended after " +
+           std::to_string(*length - parser_->content_length_remaining().value_or(0)) + " of the " +
+           std::to_string(*length) + " body bytes of its Content-Length";
   }
 
   void answer() {
@@ -258,9 +256,9 @@ class Session : public std::enable_shared_from_this<Session> {
     try {
       switch (route.kind) {
         case Route::live:
-          return service.live() ? json_reply({{"live", true}}) : error_reply(503, "server is not live");
+          return service.live() ? Reply{200, "application/json", R"({"live":true})", {}} : error_reply(503, "server is not live");
         case Route::ready:
-          return service.ready() ? json_reply({{"ready", true}}) : error_reply(503, "server is not ready");
+          return service.ready() ? Reply{200, "application/json", R"({"ready":true})", {}} : error_reply(503, "server is not ready");
         case Route::server_metadata: return service.server_metadata();
         case Route::model_metadata: return service.model_metadata(route.model);
         case Route::model_ready: return service.model_ready(route.model);

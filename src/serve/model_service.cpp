@@ -9,6 +9,7 @@
 #include "afterburner/core/error.h"
 #include "afterburner/infer/model_file.h"
 #include "afterburner/infer/optimize.h"
+#include "afterburner/infer/verify.h"
 #include "afterburner/serve/batcher.h"
 #include "afterburner/serve/metrics.h"
 #include "afterburner/serve/protocol.h"
@@ -25,29 +26,12 @@ torch::jit::Module load_torchscript(const ModelConfig& config) {
   return infer::prepare_for_inference(module);
 }
 
-std::vector<at::Tensor> output_tensors(const c10::IValue& output) {
-  if (output.isTensor()) return {output.toTensor()};
-  std::vector<at::Tensor> tensors;
-  auto add = [&](const c10::IValue& value) {
-    if (!value.isTensor()) throw Error(fmt::format("model output holds a {}, not a tensor", value.tagKind()));
-    tensors.push_back(value.toTensor());
-  };
-  if (output.isTuple()) {
-    for (const auto& element : output.toTupleRef().elements()) add(element);
-  } else if (output.isList()) {
-    for (const auto& element : output.toListRef()) add(element);
-  } else {
-    throw Error(fmt::format("model returns a {}, not tensors", output.tagKind()));
-  }
-  return tensors;
-}
-
 // Each instance has its own copy of the module: forward() on one module is not meant to run
 // on several threads at once.
 Runner make_runner(const ModelConfig& config) {
   auto module = std::make_shared<torch::jit::Module>(load_torchscript(config));
   return [module](const std::vector<at::Tensor>& inputs) {
-    return output_tensors(module->forward(std::vector<c10::IValue>(inputs.begin(), inputs.end())));
+    return infer::output_tensors(module->forward(std::vector<c10::IValue>(inputs.begin(), inputs.end())));
   };
 }
 
@@ -63,7 +47,9 @@ nlohmann::json tensor_metadata(const std::vector<TensorSpec>& specs) {
 
 Reply json_reply(const nlohmann::json& body) {
   Reply reply;
-  reply.body = body.dump();
+  // Model and tensor names come from directory names and config files: bytes that are no UTF-8
+  // become U+FFFD rather than an exception.
+  reply.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return reply;
 }
 

@@ -141,10 +141,12 @@ TensorHeader read_header(const dom::object& tensor, const std::string& where) {
   auto parsed = parse_datatype(datatype);
   if (!parsed) bad_request(fmt::format("{}.datatype: unsupported datatype '{}'", where, datatype));
   header.datatype = *parsed;
+  // Bounded so that the byte size of the widest datatype (8 bytes) cannot overflow.
+  constexpr std::size_t max_numel = std::numeric_limits<std::size_t>::max() / 16;
   for (dom::element dim : take(field(tensor, "shape", where + ".shape").get_array(), where + ".shape")) {
     uint64_t size = take(dim.get_uint64(), where + ".shape");
     if (size > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()) ||
-        (size > 0 && header.numel > std::numeric_limits<std::size_t>::max() / 2 / size)) {
+        (size > 0 && header.numel > max_numel / size)) {
       bad_request(where + ".shape: too large");
     }
     header.shape.push_back(static_cast<int64_t>(size));
@@ -159,11 +161,14 @@ TensorHeader read_header(const dom::object& tensor, const std::string& where) {
   return header;
 }
 
-// The tensor's data, from "data" or the binary section. `max_json_values` bounds the allocation
-// by what the body can hold (every JSON value takes at least one byte).
+// The tensor's data, from "data" or the binary section. Allocated only once the body is known
+// to hold that many values: `max_json_values` is what it can hold (every JSON value takes at
+// least one byte), so a small body declaring a huge shape cannot make us allocate it.
 at::Tensor read_data(const dom::object& tensor, const TensorHeader& header, BinarySection& binary,
                      std::size_t max_json_values, const std::string& where) {
-  at::Tensor out = at::empty(header.shape, at::TensorOptions().dtype(scalar_type(header.datatype)));
+  const auto allocate = [&] {
+    return at::empty(header.shape, at::TensorOptions().dtype(scalar_type(header.datatype)));
+  };
   if (header.binary_data_size) {
     std::size_t expected = header.numel * datatype_size(header.datatype);
     if (*header.binary_data_size != expected) {
@@ -172,11 +177,13 @@ at::Tensor read_data(const dom::object& tensor, const TensorHeader& header, Bina
                               datatype_name(header.datatype), expected));
     }
     std::string_view bytes = binary.take(expected, where);
+    at::Tensor out = allocate();
     if (expected > 0) std::memcpy(out.data_ptr(), bytes.data(), expected);
     return out;
   }
   if (header.numel > max_json_values) bad_request(fmt::format("{}: shape holds more values than the body", where));
   dom::array data = take(field(tensor, "data", where + ".data").get_array(), where + ".data");
+  at::Tensor out = allocate();
   std::size_t written = 0;
   with_element_type(header.datatype, [&](auto tag) {
     using T = decltype(tag);
@@ -313,9 +320,14 @@ dom::parser& parser_for(std::size_t json_length, std::unique_ptr<dom::parser>& o
 }
 
 void append_json_string(std::string& out, std::string_view text) {
+  // Text that is no UTF-8 (a request target's bytes quoted in an error) keeps its ASCII; every
+  // other byte becomes U+FFFD, so the body stays JSON.
+  const bool utf8 = simdjson::validate_utf8(text.data(), text.size());
   out += '"';
   for (char c : text) {
-    if (c == '"' || c == '\\') {
+    if (!utf8 && static_cast<unsigned char>(c) >= 0x80) {
+      out += "\\ufffd";
+    } else if (c == '"' || c == '\\') {
       out += '\\';
       out += c;
     } else if (static_cast<unsigned char>(c) < 0x20) {

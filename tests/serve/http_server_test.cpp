@@ -23,10 +23,13 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "running_server.h"
 #include "testing.h"
 
 namespace afterburner::serve {
 namespace {
+
+using afterburner::serve::testing::RunningServer;
 
 using afterburner::testing::Contains;
 using afterburner::testing::error_message;
@@ -83,22 +86,6 @@ class TestService : public Service {
 };
 
 // A server on an ephemeral loopback port, running on its own thread for the test's lifetime.
-class RunningServer {
- public:
-  RunningServer(Service& service, HttpOptions options = {})
-      : server_(service, options.port(0)), thread_([this] { server_.run(); }) {}
-  ~RunningServer() {
-    server_.stop();
-    thread_.join();
-  }
-  HttpServer& server() { return server_; }
-  int port() const { return server_.port(); }
-
- private:
-  HttpServer server_;
-  std::thread thread_;
-};
-
 struct Response {
   int status = 0;
   std::map<std::string, std::string> headers;  // names lower-cased
@@ -133,6 +120,9 @@ class Client {
       sent += static_cast<std::size_t>(n);
     }
   }
+
+  // shutdown(SHUT_WR): the server reads the end of the request stream, the client can still read.
+  void half_close() { ::shutdown(fd_, SHUT_WR); }
 
   Response request(const std::string& method, const std::string& target, const std::string& body = "",
                    const std::string& extra_headers = "") {
@@ -285,6 +275,18 @@ TEST(HttpServer, UnknownPathsAre404AndWrongMethods405) {
   EXPECT_EQ(post_live.headers["allow"], "GET");
 }
 
+TEST(HttpServer, TargetThatIsNoUtf8Is404WithAJsonBody) {
+  // Found by fuzzing: the 404 message quotes the target, and serializing its byte 0xff as JSON
+  // threw on the server's thread and ended the process.
+  TestService service;
+  RunningServer running(service);
+  Client client(running.port());
+  Response response = client.request("GET", "/\xff\xfe/x\"y");
+  EXPECT_EQ(response.status, 404);
+  EXPECT_EQ(response.body, R"({"error":"no route for /\ufffd\ufffd/x\"y"})");
+  EXPECT_EQ(client.request("GET", "/v2/health/live").status, 200);
+}
+
 TEST(HttpServer, ServiceExceptionIs500AndTheConnectionLives) {
   TestService service;
   RunningServer running(service);
@@ -372,6 +374,31 @@ TEST(HttpServer, MalformedRequestsAre400AndTheServerStaysUp) {
     EXPECT_EQ(response.status, 400) << garbage;
     EXPECT_TRUE(Contains(response.body, R"({"error":"malformed HTTP request: )")) << garbage;
     EXPECT_TRUE(client.closed_by_server());
+  }
+  Client client(running.port());
+  EXPECT_EQ(client.request("GET", "/v2/health/live").status, 200);
+}
+
+// A client that half-closes before sending what it announced still reads the 400.
+TEST(HttpServer, RequestCutShortByAHalfCloseIs400AndTheServerStaysUp) {
+  TestService service;
+  RunningServer running(service);
+  const std::string truncated = "truncated HTTP request: the connection ended ";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"POST /v2/models/cnn/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\nonly 13 bytes",
+       "after 13 of the 100 body bytes of its Content-Length"},
+      {"POST /v2/models/cnn/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n",
+       "after 0 of the 100 body bytes of its Content-Length"},
+      {"POST /v2/models/cnn/infer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", "inside the chunked body"},
+      {"GET /v2/health/live HTTP/1.1\r\nHost:", "inside the header"}};
+  for (const auto& [request, problem] : cases) {
+    Client client(running.port());
+    client.send_raw(request);
+    client.half_close();
+    Response response = client.read_response();
+    EXPECT_EQ(response.status, 400) << request;
+    EXPECT_EQ(response.body, R"({"error":")" + truncated + problem + R"("})") << request;
+    EXPECT_TRUE(client.closed_by_server()) << request;
   }
   Client client(running.port());
   EXPECT_EQ(client.request("GET", "/v2/health/live").status, 200);

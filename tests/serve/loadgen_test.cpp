@@ -18,10 +18,15 @@
 #include "afterburner/models/zoo.h"
 #include "afterburner/serve/http_server.h"
 #include "cnn_repository.h"
+#include "running_server.h"
 #include "testing.h"
 
 namespace afterburner::serve {
 namespace {
+
+using afterburner::serve::testing::RunningServer;
+
+Endpoint endpoint_of(const RunningServer& server) { return {"127.0.0.1", server.port()}; }
 
 using afterburner::testing::Contains;
 using afterburner::testing::error_message;
@@ -93,20 +98,6 @@ class DelayService : public Service {
   std::thread replier_;  // last: starts once the rest is built
 };
 
-class RunningServer {
- public:
-  explicit RunningServer(Service& service) : server_(service, HttpOptions().port(0)), thread_([this] { server_.run(); }) {}
-  ~RunningServer() {
-    server_.stop();
-    thread_.join();
-  }
-  Endpoint endpoint() const { return {"127.0.0.1", server_.port()}; }
-
- private:
-  HttpServer server_;
-  std::thread thread_;
-};
-
 TEST(Loadgen, PercentilesAreNearestRank) {
   std::vector<double> samples(100);
   std::iota(samples.begin(), samples.end(), 1.0);
@@ -167,15 +158,15 @@ TEST(Loadgen, UnusableMetadataNamesTheProblem) {
 TEST(Loadgen, HttpGetReturnsTheBodyOrNamesTheUrl) {
   DelayService service(0ms);
   RunningServer server(service);
-  EXPECT_TRUE(Contains(http_get(server.endpoint(), "/v2/models/m"), R"("datatype":"FP32")"));
-  std::string url = "http://127.0.0.1:" + std::to_string(server.endpoint().port) + "/nowhere";
-  EXPECT_TRUE(Contains(error_message<Error>([&] { http_get(server.endpoint(), "/nowhere"); }), url + ": status 404: "));
+  EXPECT_TRUE(Contains(http_get(endpoint_of(server), "/v2/models/m"), R"("datatype":"FP32")"));
+  std::string url = "http://127.0.0.1:" + std::to_string(endpoint_of(server).port) + "/nowhere";
+  EXPECT_TRUE(Contains(error_message<Error>([&] { http_get(endpoint_of(server), "/nowhere"); }), url + ": status 404: "));
 }
 
 TEST(Loadgen, ClosedLoopCountsEveryAnswerByStatus) {
   DelayService service(1ms, /*reject_every=*/4);
   RunningServer server(service);
-  LoadResult result = run_load(LoadOptions(server.endpoint()).target("/v2/models/m/infer").body("{}").concurrency(3).duration_seconds(0.3));
+  LoadResult result = run_load(LoadOptions(endpoint_of(server)).target("/v2/models/m/infer").body("{}").concurrency(3).duration_seconds(0.3));
   ASSERT_GT(result.requests, 0u);
   EXPECT_EQ(result.requests, service.answered());
   EXPECT_EQ(result.statuses[503], service.rejected());
@@ -189,7 +180,7 @@ TEST(Loadgen, ClosedLoopCountsEveryAnswerByStatus) {
 TEST(Loadgen, LatencyIncludesTheServiceDelay) {
   DelayService service(15ms);
   RunningServer server(service);
-  LoadResult result = run_load(LoadOptions(server.endpoint()).target("/v2/models/m/infer").body("{}").duration_seconds(0.2));
+  LoadResult result = run_load(LoadOptions(endpoint_of(server)).target("/v2/models/m/infer").body("{}").duration_seconds(0.2));
   ASSERT_GT(result.requests, 0u);
   EXPECT_GE(result.latency.p50_ms, 15);  // no request can be answered sooner
   EXPECT_LE(result.latency.p50_ms, result.latency.p90_ms);
@@ -200,7 +191,7 @@ TEST(Loadgen, LatencyIncludesTheServiceDelay) {
 TEST(Loadgen, OpenLoopSendsEveryScheduledArrival) {
   DelayService service(0ms);
   RunningServer server(service);
-  LoadOptions options = LoadOptions(server.endpoint()).concurrency(4).duration_seconds(0.5).rate(300).seed(9);
+  LoadOptions options = LoadOptions(endpoint_of(server)).concurrency(4).duration_seconds(0.5).rate(300).seed(9);
   LoadResult result = run_load(options);
   std::size_t scheduled = poisson_arrivals(300, 0.5, 9).size();
   EXPECT_EQ(result.requests, scheduled);
@@ -223,7 +214,7 @@ TEST(Loadgen, OpenLoopLatencyCountsFromTheScheduledTime) {
   DelayService service(10ms);
   RunningServer server(service);
   LoadResult result = run_load(
-      LoadOptions(server.endpoint()).target("/v2/models/m/infer").body("{}").duration_seconds(0.3).rate(250).seed(2));
+      LoadOptions(endpoint_of(server)).target("/v2/models/m/infer").body("{}").duration_seconds(0.3).rate(250).seed(2));
   std::vector<double> arrivals = poisson_arrivals(250, 0.3, 2);
   double bound_ms = 0;
   for (std::size_t k = 0; k < arrivals.size(); ++k) bound_ms = std::max(bound_ms, (k + 1) * 10.0 - arrivals[k] * 1000);
@@ -237,7 +228,7 @@ TEST(Loadgen, RefusedConnectionsAreErrors) {
   {
     DelayService service(0ms);
     RunningServer server(service);
-    port = server.endpoint().port;
+    port = endpoint_of(server).port;
   }
   LoadResult result = run_load(LoadOptions(Endpoint{"127.0.0.1", port}).duration_seconds(0.05));
   EXPECT_EQ(result.requests, 0u);

@@ -252,6 +252,29 @@ TEST(Protocol, HugeShapesAreRefusedBeforeAllocating) {
       R"({"inputs":[{"name":"input","datatype":"FP32","shape":[1,1000000000],"data":[1]}]})",
       model_config(DataType::FP32, {-1}));
   EXPECT_TRUE(Contains(error.what(), "input 'input': shape holds more values than the body"));
+  // 2^59 values: allocating them first would fail inside LibTorch, not with our 400.
+  const std::string huge = R"("shape":[1,536870912,1073741824])";
+  RequestError request = parse_error(R"({"inputs":[{"name":"input","datatype":"FP64",)" + huge + R"(,"data":[7]}]})",
+                                     model_config(DataType::FP64, {-1, -1}));
+  EXPECT_TRUE(Contains(request.what(), "input 'input': shape holds more values than the body"));
+  try {  // found by fuzz_oip_body: a response, as the load generator reads it
+    parse_infer_response(R"({"outputs":[{"name":"index","datatype":"INT64",)" + huge + R"(,"data":[7]}]})",
+                         std::nullopt);
+    ADD_FAILURE() << "a response declaring 2^59 values with one given was accepted";
+  } catch (const RequestError& e) {
+    EXPECT_TRUE(Contains(e.what(), "shape holds more values than the body")) << e.what();
+  }
+}
+
+TEST(Protocol, BinarySizesThatWouldOverflowAreRefused) {
+  // 2^61 FP64 values are 2^64 bytes, which wraps to 0 in 64 bits: a binary_data_size of 0 must
+  // not match them.
+  RequestError error = parse_error(
+      R"({"inputs":[{"name":"input","datatype":"FP64","shape":[1,1073741824,1073741824,2],)"
+      R"("parameters":{"binary_data_size":0}}]})",
+      model_config(DataType::FP64, {-1, -1, -1}), std::nullopt);
+  EXPECT_EQ(error.status(), 400);
+  EXPECT_TRUE(Contains(error.what(), "inputs[0].shape: too large")) << error.what();
 }
 
 TEST(Protocol, LargeBodiesParseLikeSmallOnes) {

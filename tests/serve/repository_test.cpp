@@ -142,6 +142,11 @@ TEST(Repository, SyntaxErrorNamesFileLineAndColumn) {
   auto model_dir = write_model(dir, "cnn", "max_batch_size = = 3\n");
   std::string message = error_message<DataError>([&] { load_model_config(model_dir); });
   EXPECT_TRUE(Contains(message, (model_dir / "config.toml").string() + ":1:"));
+  // toml++ quotes the bytes it choked on, here a newline: the message stays one line.
+  write_model(dir, "cnn", "dynamic_batching = f\n");
+  message = error_message<DataError>([&] { load_model_config(model_dir); });
+  EXPECT_TRUE(Contains(message, (model_dir / "config.toml").string() + ":1:")) << message;
+  EXPECT_FALSE(Contains(message, "\n")) << message;
 }
 
 TEST(Repository, MissingFilesAreNamed) {

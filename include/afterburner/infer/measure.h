@@ -4,6 +4,9 @@
 //   auto speed = infer::measure(model, {1, 28, 28}, infer::MeasureOptions().batch_sizes({1, 64}));
 //   for (const auto& point : speed.points) std::cout << infer::describe(point) << "\n";
 //   speed.best().batch_size;   // the batch size with the highest samples/s
+//
+//   // Several or non-float inputs: batches cut from example rows, one tensor per forward argument.
+//   auto speed2 = infer::measure_inputs(model, {images, token_ids}, infer::MeasureOptions().batch_sizes({1, 64}));
 #pragma once
 
 #include <torch/arg.h>
@@ -43,5 +46,11 @@ std::string describe(const SpeedPoint& point);
 // list or a size < 1.
 Speed measure(torch::jit::Module& model, const std::vector<int64_t>& sample_shape,
               const MeasureOptions& options = {});
+
+// Likewise with inputs cut from `examples`: one tensor per forward argument, [N, ...] each,
+// rows 0..B-1 for batch size B (repeated from the first when B > N). Throws UsageError
+// ("examples", ...) for no tensors, or tensors without a common number of rows (at least 1).
+Speed measure_inputs(torch::jit::Module& model, const std::vector<torch::Tensor>& examples,
+                     const MeasureOptions& options = {});
 
 }  // namespace afterburner::infer

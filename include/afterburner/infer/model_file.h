@@ -22,8 +22,8 @@ class ModelError : public Error {
 // TorchScript archive, or one whose code cannot be compiled; the message is one line.
 torch::jit::Module load_model(const std::string& path);
 
-// Writes to "<path>.tmp-<pid>" and renames it over `path`, so a reader never sees a partial
-// file and a failed write leaves `path` as it was. Throws ModelError naming `path`.
+// Writes through a temporary file renamed over `path` (core/file_writer.h), so a reader never
+// sees a partial file and a failed write leaves `path` as it was. Throws ModelError naming `path`.
 void save_model(const torch::jit::Module& model, const std::string& path);
 
 }  // namespace afterburner::infer

@@ -7,6 +7,10 @@
 //                                      infer::OptimizeFileOptions().precision(infer::Precision::bf16));
 //   std::cout << infer::describe(report.agreement) << "\n";     // throws instead when it disagrees
 //   std::cout << infer::describe(report.after.best()) << "\n";
+//
+//   // A model with several inputs, or token ids: verify and measure on examples Python saved with
+//   // torch.save((images, features), "examples.pt").
+//   infer::optimize_file("two.pt", "two-opt.pt", infer::OptimizeFileOptions().example_inputs("examples.pt"));
 #pragma once
 
 #include <torch/arg.h>
@@ -24,8 +28,13 @@ namespace afterburner::infer {
 
 struct OptimizeFileOptions {
   TORCH_ARG(Precision, precision) = Precision::fp32;
-  // One sample's shape, without the batch dimension.
+  // One sample's shape, without the batch dimension, for a model with one float input.
   TORCH_ARG(std::vector<int64_t>, input_shape) = std::vector<int64_t>{1, 28, 28};
+  // A file Python's torch.save wrote: a tensor, or a tuple or list of tensors, one per forward
+  // argument, batch dimension first, the same number of rows each. Verification and measurement
+  // then run on these rows instead of images or random inputs (input_shape and data unused):
+  // what a model with several inputs, or with non-float ones such as token ids, needs.
+  TORCH_ARG(std::string, example_inputs);
   // A Fashion-MNIST directory to verify on its test images; empty: the system's copy when the
   // shape is 1x28x28 and it is installed, else random inputs.
   TORCH_ARG(std::string, data);
@@ -39,16 +48,21 @@ struct OptimizeFileOptions {
 
 struct OptimizeFileReport {
   std::vector<std::string> passes;  // one line per pass
-  std::string verified_on;          // "10000 Fashion-MNIST test images from DIR" or "512 random inputs"
-  Agreement agreement;
+  std::string verified_on;          // "10000 Fashion-MNIST test images from DIR", "512 random inputs",
+                                    // "64 example inputs from FILE"
+  std::vector<Agreement> outputs;   // one per model output (a tuple's elements)
+  Agreement agreement;              // the worst over outputs
   Tolerance tolerance;
   bool agrees = true;               // false only when forced past a failed verification
   Speed before, after;              // empty when measure_seconds is 0
 };
 
-// Throws ModelError naming a file that cannot be read or written, UsageError for bad options,
-// and Error "<output>: not written, verification failed: ..." when the result disagrees and
-// force is off: nothing is written then.
+// Throws ModelError naming a file that cannot be read or written, DataError naming an example
+// inputs file that cannot be read or does not fit the model, UsageError for bad options (and
+// "example_inputs" for a model random inputs cannot feed: several inputs), Error "<input>: the
+// model fails on <inputs>: <reason>" when the original model cannot run on the verification
+// inputs, and Error "<output>: not written, verification failed: ..." when the result disagrees
+// and force is off: nothing is written then. Every message is one line.
 OptimizeFileReport optimize_file(const std::string& input, const std::string& output,
                                  const OptimizeFileOptions& options = {});
 
