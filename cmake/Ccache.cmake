@@ -6,5 +6,9 @@ if(CCACHE_PROGRAM)
       ${CMAKE_COMMAND} -E env
       CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
       ${CCACHE_PROGRAM})
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    # clang records the precompiled header's timestamp, which a cached copy does not keep.
+    add_compile_options("SHELL:-Xclang -fno-pch-timestamp")
+  endif()
   message(STATUS "afterburner: compiling through ccache (${CCACHE_PROGRAM})")
 endif()

@@ -21,7 +21,7 @@ namespace {
 
 const std::map<std::string, torch::Dtype> kDtypes{{"fp32", torch::kFloat}, {"bf16", torch::kBFloat16}};
 
-struct SketchArgs {
+struct SketchBenchArgs {
   int64_t in = 0;
   int64_t out = 0;
   int64_t terms = 1;
@@ -74,7 +74,7 @@ void print_landscape_row(const sketch::BenchmarkResult& r) {
             << std::flush;
 }
 
-int run_landscape(const SketchArgs& args, const sketch::BenchmarkOptions& options) {
+int run_landscape(const SketchBenchArgs& args, const sketch::BenchmarkOptions& options) {
   if (!args.json) {
     std::cout << fmt::format("SKLinear vs torch::nn::Linear, {} -> {}, batch {}, {}, {} threads; medians in ms\n",
                              args.in, args.out, args.batch, args.dtype, at::get_num_threads())
@@ -95,7 +95,7 @@ int run_landscape(const SketchArgs& args, const sketch::BenchmarkOptions& option
   return 0;
 }
 
-int run_sketch(const SketchArgs& args) {
+int run_sketch_bench(const SketchBenchArgs& args) {
   ThreadsGuard threads(args.threads > 0 ? args.threads : available_cores());
   profile::TensorMemory::install();
   // Both layers allocate the same outputs call after call: keep them in the heap (core/heap.h)
@@ -120,7 +120,7 @@ int run_sketch(const SketchArgs& args) {
 // The action of `bench sketch`; the only benchmark so far, so `bench` runs it.
 std::function<int()> add_bench_sketch(CLI::App& bench) {
   auto* sub = bench.add_subcommand("sketch", "SKLinear against torch::nn::Linear: time, parameters, FLOPs");
-  auto args = std::make_shared<SketchArgs>();
+  auto args = std::make_shared<SketchBenchArgs>();
   sub->add_option("--in", args->in, "input features")->required()->check(CLI::PositiveNumber);
   sub->add_option("--out", args->out, "output features")->required()->check(CLI::PositiveNumber);
   auto* terms =
@@ -151,7 +151,7 @@ std::function<int()> add_bench_sketch(CLI::App& bench) {
       ->needs(landscape);
   sub->add_option("--csv", args->csv, "landscape: write one CSV row per (L, k) here")->needs(landscape);
   sub->add_option("--svg", args->svg, "landscape: write a heatmap of the forward speedup here")->needs(landscape);
-  return [args] { return run_sketch(*args); };
+  return [args] { return run_sketch_bench(*args); };
 }
 
 }  // namespace
