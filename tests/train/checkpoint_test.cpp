@@ -114,6 +114,38 @@ TEST(Checkpoint, FlippedByteIsRefusedBeforeLibTorchParsesIt) {
   }
 }
 
+// Writes `value` little-endian into 4 bytes of `bytes` at `at`.
+void put_u32(std::string& bytes, std::size_t at, uint32_t value) {
+  for (int i = 0; i < 4; ++i) bytes[at + i] = static_cast<char>(value >> (8 * i));
+}
+
+uint16_t get_u16(const std::string& bytes, std::size_t at) {
+  return static_cast<uint16_t>(static_cast<unsigned char>(bytes[at]) | static_cast<unsigned char>(bytes[at + 1]) << 8);
+}
+
+TEST(Checkpoint, RecordDeclaringMoreBytesThanItHoldsIsRefused) {
+  // Found by fuzzing: a compressed record whose central directory entry promises 3 GB (its CRC
+  // still right) made LibTorch allocate 3 GB before reading it. The entry: name at +46, size at +24.
+  testing::TempDir dir;
+  auto path = (dir / "ckpt.pt").string();
+  TrainingRun run("mlp");
+  save_checkpoint(path, run.target());
+  std::string bytes = testing::read_file(path);
+  const std::string record = "archive/code/__torch__.py";
+  int patched = 0;
+  for (auto at = bytes.find(record); at != std::string::npos; at = bytes.find(record, at + 1)) {
+    if (at >= 46 && bytes.compare(at - 46, 4, "PK\x01\x02") == 0 && get_u16(bytes, at - 18) == record.size()) {
+      put_u32(bytes, at - 22, 3000000000u);
+      ++patched;
+    }
+  }
+  ASSERT_EQ(patched, 1) << "the record's central directory entry was not found";
+  testing::write_file(path, bytes);
+  auto message = error_of([&] { load_checkpoint(path, run.target()); });
+  EXPECT_NE(message.find(path + ": not a readable checkpoint (record " + record + " declares 3000000000 bytes but holds"),
+            std::string::npos) << message;
+}
+
 TEST(Checkpoint, AnotherModelsCheckpointIsRefused) {
   testing::TempDir dir;
   auto path = (dir / "ckpt.pt").string();
