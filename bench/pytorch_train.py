@@ -7,16 +7,21 @@ PyTorch user would write it, so the benchmark compares the two side by side.
 Data: Fashion-MNIST from the IDX .gz files; per sample uint8 -> /255 -> normalize(0.2860,
 0.3530), and for training also zero-pad 2 then a random 28x28 crop (torchvision's
 ToTensor + Normalize + RandomCrop(28, padding=2), written out because torchvision is absent).
-Optimizer: SGD with momentum 0.9 and weight decay; loss: cross-entropy. bf16 means
+Optimizer: SGD with momentum (0.9, optionally Nesterov) and weight decay; loss: cross-entropy;
+learning rate constant, or one of afterburner's schedules (cosine with linear warm-up,
+onecycle) written with the same formulas (src/train/optim.cpp). bf16 means
 torch.autocast("cpu", torch.bfloat16) around forward + loss (training and evaluation).
+--no-augment drops the random crop. --target-accuracy A stops at the first evaluation that
+reaches A (evaluations at epoch ends, and every --eval-every steps).
 
 Timing matches afterburner's: a step runs from asking the DataLoader for a batch through
 optimizer.step(), so it includes data wait; train_samples_per_sec is trained samples over the
 summed step time of all epochs. epoch_seconds is the wall time of each epoch's training loop
-(including starting the loader's iterator). Evaluation (batch 1000, inference_mode) is not timed.
+(including starting the loader's iterator). Evaluation (batch 128, inference_mode) is not timed.
 
-The --report JSON has test_accuracy (fraction in [0, 1], after the last epoch),
-test_accuracy_per_epoch, train_samples_per_sec, epoch_seconds (list), peak_rss_mb (this
+The --report JSON has test_accuracy (fraction in [0, 1], of the last evaluation),
+test_accuracy_per_epoch, train_seconds_to_target and samples_to_target (null unless reached),
+evaluations (step, samples, train_seconds, accuracy of each), steps, train_samples_per_sec, epoch_seconds (list), peak_rss_mb (this
 process), peak_rss_children_mb (the largest DataLoader worker, taken after the workers exit;
 forked workers share pages with the parent, so the two must not be added), precision, model,
 batch_size, threads, workers, plus epochs, channels_last, framework and torch_version.
@@ -26,6 +31,7 @@ import argparse
 import gc
 import gzip
 import json
+import math
 import resource
 import struct
 import sys
@@ -40,7 +46,7 @@ from torch.utils.data import DataLoader, Dataset
 MEAN, STD = 0.2860, 0.3530
 PAD = 2
 DEFAULT_DATA_DIR = Path("/usr/share/datasets/fashion-mnist")
-EVAL_BATCH_SIZE = 1000
+EVAL_BATCH_SIZE = 128  # untimed; batch 1000 evaluates 4-5x slower on this CPU (docs/time-to-accuracy.md)
 IDX_UBYTE_MAGIC = {1: 0x0801, 3: 0x0803}  # labels, images
 
 
@@ -112,16 +118,43 @@ def build_model(name):
     raise ValueError(f"model: unknown model '{name}' (known: {', '.join(MODEL_NAMES)})")
 
 
-class Trainer:
-    """One model with its optimizer and precision: trains epochs and measures accuracy."""
+def schedule_factor(kind, step, total_steps, warmup_steps):
+    """The learning rate of `step` as a fraction of the peak: afterburner's LrSchedule::lr_at."""
+    if kind == "constant":
+        return 1.0
+    total = max(total_steps, 1)
 
-    def __init__(self, model, args):
+    def cosine(start, end, t):
+        return end + (start - end) * (1 + math.cos(math.pi * t)) / 2
+
+    if kind == "cosine":
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return cosine(1.0, 0.0, min(1.0, (step - warmup_steps) / max(total - warmup_steps, 1)))
+    start, peak_step = 1 / 25, max(1.0, 0.3 * total - 1)  # onecycle: pct_start 0.3, div_factor 25
+    if step <= peak_step:
+        return cosine(start, 1.0, step / peak_step)
+    return cosine(1.0, start / 1e4, min(1.0, (step - peak_step) / max(1.0, total - 1 - peak_step)))
+
+
+class Trainer:
+    """One model with its optimizer, schedule and precision: trains and measures accuracy."""
+
+    def __init__(self, model, args, steps_per_epoch):
         self.memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
         self.model = model.to(memory_format=self.memory_format)
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9,
-                                         weight_decay=args.weight_decay)
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                                         nesterov=args.nesterov, weight_decay=args.weight_decay)
+        total_steps = steps_per_epoch * args.epochs
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: schedule_factor(args.schedule, step, total_steps, args.warmup_steps))
         self.bf16 = args.precision == "bf16"
         self.max_steps = args.max_steps
+        self.eval_every = args.eval_every
+        self.target = args.target_accuracy
+        self.step, self.samples, self.step_seconds = 0, 0, 0.0
+        self.evaluations = []
+        self.seconds_to_target = self.samples_to_target = None
 
     def autocast(self):
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16)
@@ -129,13 +162,12 @@ class Trainer:
     def logits(self, images):
         return self.model(images.contiguous(memory_format=self.memory_format))
 
-    def train_epoch(self, loader):
-        """Returns (samples, summed step seconds, epoch wall seconds)."""
+    def train_epoch(self, loader, test_loader):
+        """Trains until the epoch's end or the target; returns the epoch's wall seconds."""
         self.model.train()
         epoch_start = time.perf_counter()
         batches = iter(loader)
         steps = len(loader) if self.max_steps is None else min(len(loader), self.max_steps)
-        samples, step_seconds = 0, 0.0
         for _ in range(steps):
             step_start = time.perf_counter()
             images, labels = next(batches)
@@ -144,9 +176,25 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
-            step_seconds += time.perf_counter() - step_start
-            samples += len(labels)
-        return samples, step_seconds, time.perf_counter() - epoch_start
+            self.scheduler.step()
+            self.step_seconds += time.perf_counter() - step_start
+            self.samples += len(labels)
+            self.step += 1
+            if self.eval_every and self.step % self.eval_every == 0 and self.evaluate(test_loader):
+                break
+        return time.perf_counter() - epoch_start
+
+    def evaluate(self, loader):
+        """Records an evaluation; True once the target is reached."""
+        if self.evaluations and self.evaluations[-1]["step"] == self.step:
+            accuracy = self.evaluations[-1]["accuracy"]
+        else:
+            accuracy = self.accuracy(loader)
+            self.evaluations.append({"step": self.step, "samples": self.samples,
+                                     "train_seconds": self.step_seconds, "accuracy": accuracy})
+        if self.target and accuracy >= self.target and self.seconds_to_target is None:
+            self.seconds_to_target, self.samples_to_target = self.step_seconds, self.samples
+        return self.seconds_to_target is not None
 
     def accuracy(self, loader):
         self.model.eval()
@@ -154,11 +202,12 @@ class Trainer:
         with torch.inference_mode(), self.autocast():
             for images, labels in loader:
                 correct += (self.logits(images).argmax(1) == labels).sum().item()
+        self.model.train()
         return correct / len(loader.dataset)
 
 
 def make_loaders(args):
-    train_set = FashionMnist(*load_split(args.data, "train"), augment=True)
+    train_set = FashionMnist(*load_split(args.data, "train"), augment=args.augment)
     test_set = FashionMnist(*load_split(args.data, "t10k"), augment=False)
     workers = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
     train = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, drop_last=True,
@@ -177,23 +226,29 @@ def run(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     train_loader, test_loader = make_loaders(args)
-    trainer = Trainer(build_model(args.model), args)
-    samples, step_seconds, epoch_seconds, accuracies = 0, 0.0, [], []
+    trainer = Trainer(build_model(args.model), args, len(train_loader))
+    epoch_seconds, accuracies = [], []
     for epoch in range(args.epochs):
-        epoch_samples, epoch_step_seconds, wall = trainer.train_epoch(train_loader)
-        samples += epoch_samples
-        step_seconds += epoch_step_seconds
-        epoch_seconds.append(wall)
-        accuracies.append(trainer.accuracy(test_loader))
-        print(f"epoch {epoch + 1}: {epoch_samples / epoch_step_seconds:.0f} samples/s, "
-              f"{wall:.1f} s, test accuracy {accuracies[-1]:.4f}", file=sys.stderr)
+        samples_before, seconds_before = trainer.samples, trainer.step_seconds
+        epoch_seconds.append(trainer.train_epoch(train_loader, test_loader))
+        reached = trainer.evaluate(test_loader)
+        accuracies.append(trainer.evaluations[-1]["accuracy"])
+        print(f"epoch {epoch + 1}: {(trainer.samples - samples_before) / (trainer.step_seconds - seconds_before):.0f} "
+              f"samples/s, {epoch_seconds[-1]:.1f} s, test accuracy {accuracies[-1]:.4f}", file=sys.stderr)
+        if reached:
+            break
     # Persistent workers only count towards RUSAGE_CHILDREN once they have exited.
     del train_loader, test_loader
     gc.collect()
     return {
         "test_accuracy": accuracies[-1],
         "test_accuracy_per_epoch": accuracies,
-        "train_samples_per_sec": samples / step_seconds,
+        "train_samples_per_sec": trainer.samples / trainer.step_seconds,
+        "train_seconds": trainer.step_seconds,
+        "train_seconds_to_target": trainer.seconds_to_target,
+        "samples_to_target": trainer.samples_to_target,
+        "steps": trainer.step,
+        "evaluations": trainer.evaluations,
         "epoch_seconds": epoch_seconds,
         "peak_rss_mb": peak_rss_mb(resource.RUSAGE_SELF),
         "peak_rss_children_mb": peak_rss_mb(resource.RUSAGE_CHILDREN),
@@ -210,8 +265,10 @@ def run(args):
 
 
 def summary(r):
+    reached = r["train_seconds_to_target"]
     return (f"pytorch {r['model']} {r['precision']}: {r['train_samples_per_sec']:.0f} samples/s, "
-            f"test accuracy {100 * r['test_accuracy']:.2f}% after {r['epochs']} epoch(s), "
+            f"test accuracy {100 * r['test_accuracy']:.2f}% after {r['steps']} steps, "
+            + (f"target reached after {reached:.1f} s of training, " if reached is not None else "") +
             f"epoch {' '.join(f'{s:.1f}' for s in r['epoch_seconds'])} s, "
             f"peak RSS {r['peak_rss_mb']:.0f} MB (largest worker {r['peak_rss_children_mb']:.0f} MB), "
             f"batch {r['batch_size']}, threads {r['threads']}, workers {r['workers']}")
@@ -239,7 +296,18 @@ def parse_args(argv=None):
                    help="bf16 autocasts forward + loss")
     p.add_argument("--epochs", type=positive_int, default=1, help="passes over the training set")
     p.add_argument("--batch-size", type=positive_int, default=128, help="training batch size")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD (peak) learning rate")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    p.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
+    p.add_argument("--schedule", choices=("constant", "cosine", "onecycle"), default="constant",
+                   help="learning-rate schedule over --epochs (afterburner's formulas)")
+    p.add_argument("--warmup-steps", type=non_negative_int, default=0, help="linear warm-up of the cosine schedule")
+    p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
+                   help="random crop (pad 2) of training images")
+    p.add_argument("--target-accuracy", type=float, default=0.0,
+                   help="stop at the first evaluation with at least this test accuracy (0 = off)")
+    p.add_argument("--eval-every", type=non_negative_int, default=0,
+                   help="also evaluate every N steps (0 = at epoch ends only)")
     p.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay")
     p.add_argument("--threads", type=positive_int, default=2, help="torch.set_num_threads")
     p.add_argument("--workers", type=non_negative_int, default=2, help="DataLoader workers")

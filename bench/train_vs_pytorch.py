@@ -6,7 +6,8 @@ ratio of afterburner to PyTorch training samples/s per precision.
     /usr/bin/python3 bench/train_vs_pytorch.py [--build build] [--reps 3] [--precisions fp32,bf16]
         [--model cnn] [--epochs 1] [--batch-size 128] [--max-steps 0] [--extra "--no-channels-last"]
 
-Both runs: batch 128 unless --batch-size, SGD momentum 0.9, weight decay 5e-4, 2 threads, training samples/s over
+Both runs: batch 128 unless --batch-size, SGD lr 0.05 (constant) momentum 0.9, weight decay 5e-4,
+random-crop augmentation, 2 threads, training samples/s over
 training steps only (data wait included, evaluation excluded). PyTorch uses its DataLoader with
 2 workers; afterburner its own loader with its default worker count.
 """
@@ -33,7 +34,9 @@ def run_json(command, report, env=None):
 def afterburner(args, precision, report):
     command = [str(Path(args.build) / "afterburner"), "train", "--model", args.model,
                "--precision", precision, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-               "--threads", "2", "--progress", "none", "--report", report]
+               "--threads", "2", "--progress", "none", "--report", report,
+               # bench/pytorch_train.py's recipe, so that both sides do the same work
+               "--augment", "--lr", "0.05", "--no-nesterov", "--schedule", "constant"]
     if args.max_steps:
         command += ["--max-steps", str(args.max_steps)]
     return run_json(command + shlex.split(args.extra), report)

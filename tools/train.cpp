@@ -12,7 +12,13 @@ Command add_train_command(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "train a model (default: cnn on Fashion-MNIST) and report accuracy, "
                                           "speed and memory");
   auto options = std::make_shared<ConfigOptions>(sub);
-  return {sub, [options] {
+  auto print_config = std::make_shared<bool>(false);
+  sub->add_flag("--print-config", *print_config, "print the resolved options as TOML for --config, and exit");
+  return {sub, [options, print_config] {
+            if (*print_config) {
+              std::cout << train::to_toml(options->resolve());
+              return 0;
+            }
             auto report = train::run_training(options->resolve());
             std::cout << report.summary();
             return 0;

@@ -12,7 +12,7 @@
 namespace afterburner::train {
 namespace {
 
-const char* const kFormat = "afterburner-checkpoint-1";
+const char* const kFormat = "afterburner-checkpoint-2";  // 2: state.samples, state.samples_to_target
 
 void write_archive(const std::string& path, torch::serialize::OutputArchive& archive) {
   try {
@@ -54,6 +54,8 @@ void save_checkpoint(const std::string& path, const CheckpointTarget& target) {
   archive.write("state.batch_in_epoch", scalar(target.state.batch_in_epoch));
   archive.write("state.train_seconds", scalar(target.state.train_seconds));
   archive.write("state.seconds_to_target", scalar(target.state.seconds_to_target));
+  archive.write("state.samples", scalar(target.state.samples));
+  archive.write("state.samples_to_target", scalar(target.state.samples_to_target));
   archive.write("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
   write_archive(path, archive);
 }
@@ -70,8 +72,13 @@ TrainState load_checkpoint(const std::string& path, CheckpointTarget target) {
     throw CheckpointError(path, "not a readable checkpoint (corrupt or truncated file)");
   }
   c10::IValue format, model_name;
-  if (!archive.try_read("format", format) || !format.isString() || format.toStringRef() != kFormat) {
+  if (!archive.try_read("format", format) || !format.isString() ||
+      format.toStringRef().rfind("afterburner-checkpoint-", 0) != 0) {
     throw CheckpointError(path, "not an afterburner checkpoint");
+  }
+  if (format.toStringRef() != kFormat) {
+    throw CheckpointError(path, "written in format '" + format.toStringRef() + "', which this afterburner (format '" +
+                                    kFormat + "') does not read");
   }
   if (!archive.try_read("model_name", model_name) || model_name.toStringRef() != target.model_name) {
     throw CheckpointError(path, "holds model '" + (model_name.isString() ? model_name.toStringRef() : "?") +
@@ -88,17 +95,19 @@ TrainState load_checkpoint(const std::string& path, CheckpointTarget target) {
     shapes_differ = parameter_shapes(target.model) != shapes;
     target.optimizer.load(optimizer);
     target.scaler.load(archive);
-    torch::Tensor epoch, step, batch, seconds, to_target, rng;
+    torch::Tensor epoch, step, batch, seconds, to_target, samples, samples_to_target, rng;
     archive.read("state.epoch", epoch);
     archive.read("state.step", step);
     archive.read("state.batch_in_epoch", batch);
     archive.read("state.train_seconds", seconds);
     archive.read("state.seconds_to_target", to_target);
+    archive.read("state.samples", samples);
+    archive.read("state.samples_to_target", samples_to_target);
     archive.read("rng.cpu", rng);
     auto generator = at::detail::getDefaultCPUGenerator();
     generator.set_state(rng);
     state = {epoch.item<int64_t>(), step.item<int64_t>(), batch.item<int64_t>(), seconds.item<double>(),
-             to_target.item<double>()};
+             to_target.item<double>(), samples.item<int64_t>(), samples_to_target.item<int64_t>()};
   } catch (const c10::Error& e) {
     throw CheckpointError(path, "does not fit this run: " + first_line(e));
   } catch (const Error& e) {  // e.g. an optimizer state that does not fit the parameters

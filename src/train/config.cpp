@@ -5,6 +5,7 @@
 #include <toml++/toml.h>
 
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 
@@ -140,7 +141,7 @@ std::vector<ConfigField> make_fields() {
       number("lr", "peak learning rate", &TrainConfig::lr, 1e-12, inf),
       text("optimizer", "sgd or adamw", &TrainConfig::optimizer, {"sgd", "adamw"}),
       number("momentum", "SGD momentum", &TrainConfig::momentum, 0, 1),
-      flag("nesterov", "Nesterov momentum for SGD", &TrainConfig::nesterov),
+      flag("nesterov", "Nesterov momentum for SGD (no effect with --momentum 0)", &TrainConfig::nesterov),
       number("weight_decay", "weight decay (decoupled for adamw)", &TrainConfig::weight_decay, 0, inf),
       text("schedule", "learning-rate schedule: constant, cosine, onecycle, step", &TrainConfig::schedule,
            {"constant", "cosine", "onecycle", "step"}),
@@ -175,7 +176,13 @@ std::vector<ConfigField> make_fields() {
       text("log_jsonl", "write one JSON line per step and per evaluation to this file", &TrainConfig::log_jsonl),
       text("export", "write the trained model as TorchScript to this file", &TrainConfig::export_path),
       number("target_accuracy", "stop once test accuracy reaches this (0 = off)", &TrainConfig::target_accuracy, 0, 1),
-      integer("eval_every", "also evaluate every N optimizer steps (0 = epoch ends only)", &TrainConfig::eval_every, 0),
+      number("validation_split",
+             "fraction of the training set held out and evaluated instead of the test set (0 = the test set)",
+             &TrainConfig::validation_split, 0, 0.5),
+      integer("eval_every",
+              "also evaluate every N optimizer steps (0 = auto: 8 times an epoch with --target-accuracy, else at "
+              "epoch ends only)",
+              &TrainConfig::eval_every, 0),
       integer("max_steps", "stop after N optimizer steps (0 = no limit)", &TrainConfig::max_steps, 0),
       integer("early_stopping", "stop after N evaluations without a better accuracy (0 = off)",
               &TrainConfig::early_stopping, 0),
@@ -238,6 +245,32 @@ void apply_toml_file(TrainConfig& config, const std::string& path) {
       throw UsageError(where, e.problem());  // the file's key, not the flag
     }
   }
+}
+
+namespace {
+
+// A field's text as a TOML value: booleans and numbers bare, everything else a quoted string.
+// Either way apply_toml_file() hands the same text back to the field's parser.
+std::string toml_value(const std::string& text) {
+  if (text == "true" || text == "false") return text;
+  double number = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (!text.empty() && ec == std::errc() && end == text.data() + text.size() && std::isfinite(number)) return text;
+  std::ostringstream out;
+  out << toml::value<std::string>(text);
+  return out.str();
+}
+
+}  // namespace
+
+std::string to_toml(const TrainConfig& config, const TrainConfig* relative_to) {
+  std::string text;
+  for (const auto& field : config_fields()) {
+    auto value = field.get(config);
+    if (relative_to && value == field.get(*relative_to)) continue;
+    text += field.name + " = " + toml_value(value) + "\n";
+  }
+  return text;
 }
 
 void validate(const TrainConfig& config) {

@@ -3,6 +3,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -68,6 +70,19 @@ double LrSchedule::lr_at(int64_t step) const {
   if (step <= peak_step) return cosine(start, base_lr_, double(step) / peak_step);
   double t = std::min(1.0, (double(step) - peak_step) / std::max(1.0, double(total_steps_ - 1) - peak_step));
   return cosine(base_lr_, end, t);
+}
+
+std::string LrSchedule::describe() const {
+  const auto& o = options_;
+  if (o.kind() == "constant") return fmt::format("constant {}", base_lr_);
+  if (o.kind() == "step") return fmt::format("step: {} times {} every {} steps", base_lr_, o.gamma(), o.step_size());
+  if (o.kind() == "cosine") {
+    return fmt::format("cosine from {} to {} over {} steps after {} warm-up steps", base_lr_,
+                       base_lr_ * o.final_lr_fraction(), std::max<int64_t>(total_steps_ - o.warmup_steps(), 0),
+                       o.warmup_steps());
+  }
+  return fmt::format("onecycle over {} steps: {} up to {} in the first {:.0f}%, then down to {:.3g}", total_steps_,
+                     base_lr_ / o.div_factor(), base_lr_, 100 * o.pct_start(), lr_at(total_steps_ - 1));
 }
 
 void LrSchedule::apply(torch::optim::Optimizer& optimizer, int64_t step) const {

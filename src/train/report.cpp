@@ -4,8 +4,14 @@
 
 namespace afterburner::train {
 
+void to_json(nlohmann::json& j, const EvalPoint& point) {
+  j = {{"step", point.step}, {"samples", point.samples}, {"train_seconds", point.train_seconds},
+       {"accuracy", point.accuracy}, {"loss", point.loss}};
+}
+
 nlohmann::json TrainReport::to_json() const {
-  nlohmann::json j{{"model", model},
+  nlohmann::json j{{"config", config},
+                   {"model", model},
                    {"precision", precision},
                    {"batch_size", batch_size},
                    {"threads", threads},
@@ -13,30 +19,41 @@ nlohmann::json TrainReport::to_json() const {
                    {"trainable_parameters", trainable_parameters},
                    {"steps", steps},
                    {"skipped_steps", skipped_steps},
+                   {"evaluated_on", evaluated_on},
+                   {"schedule", schedule},
                    {"test_accuracy", test_accuracy},
                    {"test_accuracy_per_epoch", test_accuracy_per_epoch},
                    {"train_samples_per_sec", train_samples_per_sec},
                    {"epoch_seconds", epoch_seconds},
                    {"train_seconds", train_seconds},
                    {"train_seconds_to_target", nullptr},
+                   {"samples_to_target", nullptr},
+                   {"eval_seconds", eval_seconds},
+                   {"evaluations", evaluations},
                    {"peak_rss_mb", peak_rss_mb},
                    {"peak_tensor_mb", peak_tensor_mb},
                    {"stop_reason", stop_reason},
                    {"timing", timing}};
   if (train_seconds_to_target) j["train_seconds_to_target"] = *train_seconds_to_target;
+  if (samples_to_target) j["samples_to_target"] = *samples_to_target;
   return j;
 }
 
 std::string TrainReport::summary() const {
   std::string text = fmt::format("model {} ({} trainable parameters) | precision {} | batch {} | threads {} | workers {}\n",
                                  model, trainable_parameters, precision, batch_size, threads, workers);
-  text += fmt::format("test accuracy      {:.4f}", test_accuracy);
+  text += fmt::format("{:<18} {:.4f}", evaluated_on + " accuracy", test_accuracy);
   if (!test_accuracy_per_epoch.empty()) {
     text += fmt::format(" (per epoch: {:.4f})", fmt::join(test_accuracy_per_epoch, ", "));
   }
   text += fmt::format("\ntraining speed     {:.0f} samples/s over {} steps ({:.1f} s of training)\n",
                       train_samples_per_sec, steps, train_seconds);
-  if (train_seconds_to_target) text += fmt::format("time to target     {:.1f} s\n", *train_seconds_to_target);
+  if (train_seconds_to_target) {
+    text += fmt::format("time to target     {:.1f} s, {} samples\n", *train_seconds_to_target, samples_to_target.value_or(0));
+  }
+  text += fmt::format("schedule           {}\n", schedule);
+  text += fmt::format("evaluation         {} evaluations, {:.1f} s (not in the training time)\n", evaluations.size(),
+                      eval_seconds);
   text += fmt::format("stopped            {}\n", stop_reason);
   if (skipped_steps > 0) text += fmt::format("skipped steps      {}\n", skipped_steps);
   text += "time per step      phase       total s   mean ms  median ms   share\n";

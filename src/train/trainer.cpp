@@ -144,15 +144,18 @@ void Trainer::evaluate_into(bool epoch_end, TrainReport& report) {
   info.step = state_.step;
   info.epoch_end = epoch_end;
   info.train_seconds = train_seconds();
+  auto eval_start = std::chrono::steady_clock::now();
   info.result = evaluate();
+  report.eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
   last_eval_step_ = state_.step;
   report.test_accuracy = info.result.accuracy;
+  report.evaluations.push_back({state_.step, state_.samples, info.train_seconds, info.result.accuracy, info.result.loss});
   if (epoch_end) report.test_accuracy_per_epoch.push_back(info.result.accuracy);
   for (auto& callback : callbacks_) callback->on_evaluation(info);
   if (options_.target_accuracy() > 0 && info.result.accuracy >= options_.target_accuracy() &&
       !report.train_seconds_to_target) {
-    report.train_seconds_to_target = info.train_seconds;
-    state_.seconds_to_target = info.train_seconds;
+    report.train_seconds_to_target = state_.seconds_to_target = info.train_seconds;
+    report.samples_to_target = state_.samples_to_target = state_.samples;
     stop_reason_ = "target accuracy reached";
   }
 }
@@ -210,6 +213,7 @@ bool Trainer::run_epoch(TrainReport& report) {
     }
     if (!optimizer_step()) ++report.skipped_steps;
     timer_.end_step(samples);
+    state_.samples += samples;
     StepInfo info = step_info(state_.epoch, samples, loss_sum / double(micro));
     info.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_begin).count();
     micro = samples = 0;
@@ -229,6 +233,7 @@ TrainReport Trainer::fit() {
   discard_gradients();
   if (state_.seconds_to_target >= 0 && options_.target_accuracy() > 0) {
     report.train_seconds_to_target = state_.seconds_to_target;  // reached before the resume
+    report.samples_to_target = state_.samples_to_target;
     stop_reason_ = "target accuracy reached";
   }
   update_stop_reason();

@@ -34,6 +34,29 @@ TEST_F(CliConfigFile, FileValuesAreHonoured) {
   EXPECT_EQ(report.at("model"), "mlp");
 }
 
+// --print-config writes TOML that --config reads back to the same options, and the report
+// records the options the run used.
+TEST_F(CliConfigFile, PrintedConfigRoundTripsAndIsWhatTheReportRecords) {
+  auto printed = run_cli(train_args(dir_.path(), {{"--print-config", ""}, {"--lr", "0.0625"}, {"--no-augment", ""},
+                                                  {"--max-steps", "3"}, {"--model", "mlp"}}));
+  ASSERT_EQ(printed.exit_code, 0) << printed.err;
+  EXPECT_NE(printed.out.find("lr = 0.0625\n"), std::string::npos) << printed.out;
+  EXPECT_FALSE(std::filesystem::exists(report_path()));  // printing trains nothing
+
+  write_file(config_path(), printed.out);
+  auto reprinted = run_cli({"train", "--config", config_path().string(), "--print-config"});
+  ASSERT_EQ(reprinted.exit_code, 0) << reprinted.err;
+  EXPECT_EQ(reprinted.out, printed.out);
+
+  auto result = train(printed.out, {{"--report", report_path().string()}});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  auto recorded = read_json(report_path()).at("config");
+  EXPECT_EQ(recorded.at("lr"), "0.0625");
+  EXPECT_EQ(recorded.at("augment"), "false");
+  EXPECT_EQ(recorded.at("report"), report_path().string());
+  EXPECT_EQ(read_json(report_path()).at("steps"), 3);
+}
+
 TEST_F(CliConfigFile, FlagsOverrideTheFile) {
   auto result = train("batch_size = 64\nmax_steps = 5\nthreads = 2\n", {{"--batch-size", "32"}, {"--max-steps", "4"}});
   ASSERT_EQ(result.exit_code, 0) << result.err;

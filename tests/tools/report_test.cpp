@@ -96,6 +96,52 @@ TEST(CliReport, MaxStepsRunReportsItsSettingsAndLogsEveryStep) {
   EXPECT_EQ(evaluations, 1);
 }
 
+// With a target and no --eval-every, the run evaluates 8 times an epoch and reports when and
+// after how many samples the target was first reached.
+TEST(CliReport, TargetAccuracyEvaluatesWithinEpochsAndReportsSamplesToTarget) {
+  TempDir dir;
+  write_synthetic_mnist(dir.path(), 512, 256);
+  auto result = run_cli(train_args(dir.path(), {{"--model", "mlp"},
+                                                {"--batch-size", "16"},
+                                                {"--epochs", "3"},
+                                                {"--target-accuracy", "0.9"},
+                                                {"--report", (dir / "report.json").string()}}));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  auto report = read_json(dir / "report.json");
+  ASSERT_EQ(report.at("stop_reason"), "target accuracy reached") << report.dump(2);
+  auto evaluations = report.at("evaluations");
+  ASSERT_FALSE(evaluations.empty());
+  for (size_t i = 0; i < evaluations.size(); ++i) {
+    EXPECT_EQ(evaluations[i].at("step"), 4 * int64_t(i + 1));  // 512 / 16 = 32 steps an epoch, / 8
+    EXPECT_EQ(evaluations[i].at("samples"), 16 * 4 * int64_t(i + 1));
+    EXPECT_EQ(evaluations[i].at("accuracy") >= 0.9, i + 1 == evaluations.size()) << i;
+  }
+  EXPECT_EQ(report.at("samples_to_target"), evaluations.back().at("samples"));
+  EXPECT_EQ(report.at("train_seconds_to_target"), evaluations.back().at("train_seconds"));
+  EXPECT_EQ(report.at("test_accuracy"), evaluations.back().at("accuracy"));
+  EXPECT_EQ(report.at("evaluated_on"), "test");
+  EXPECT_GT(report.at("eval_seconds").get<double>(), 0);
+}
+
+// --validation-split trains on the rest of the training set and evaluates on the held-out part.
+TEST(CliReport, ValidationSplitTrainsOnTheRestAndEvaluatesTheHeldOutPart) {
+  TempDir dir;
+  write_synthetic_mnist(dir.path(), 512, 256);
+  auto result = run_cli(train_args(dir.path(), {{"--model", "mlp"},
+                                                {"--batch-size", "32"},
+                                                {"--validation-split", "0.25"},
+                                                {"--report", (dir / "report.json").string()}}));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  auto report = read_json(dir / "report.json");
+  EXPECT_EQ(report.at("evaluated_on"), "validation");
+  EXPECT_EQ(report.at("steps"), 384 / 32);
+  EXPECT_NE(result.out.find("validation accuracy"), std::string::npos) << result.out;
+  ASSERT_EQ(report.at("evaluations").size(), 1u);
+  // Accuracy over 128 held-out samples is a multiple of 1/128.
+  double accuracy = report.at("test_accuracy");
+  EXPECT_DOUBLE_EQ(accuracy * 128, std::round(accuracy * 128));
+}
+
 TEST(CliReport, ProgressNoneWritesNothingToStderr) {
   TempDir dir;
   write_synthetic_mnist(dir.path(), 512, 256);

@@ -27,12 +27,12 @@ TEST(Config, SetsTypedValues) {
   set_field(config, "batch_size", "256");
   set_field(config, "lr", "0.125");
   set_field(config, "workers", "auto");
-  set_field(config, "nesterov", "true");
+  set_field(config, "nesterov", "false");
   set_field(config, "checkpoint_layers", "1,3");
   EXPECT_EQ(config.batch_size, 256);
   EXPECT_DOUBLE_EQ(config.lr, 0.125);
   EXPECT_EQ(config.workers, -1);
-  EXPECT_TRUE(config.nesterov);
+  EXPECT_FALSE(config.nesterov);
   EXPECT_EQ(config.checkpoint_layers, (std::vector<int64_t>{1, 3}));
 }
 
@@ -61,6 +61,42 @@ TEST(Config, TomlFileSetsFieldsOverTheDefaults) {
   EXPECT_EQ(config.checkpoint_layers, (std::vector<int64_t>{0, 2}));
   EXPECT_EQ(config.workers, -1);
   EXPECT_EQ(config.epochs, TrainConfig().epochs);
+}
+
+TEST(Config, TomlOfAConfigReadsBackToTheSameConfig) {
+  TrainConfig config;
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"model", "mlp"}, {"lr", "0.1875"}, {"weight_decay", "1e-05"}, {"nesterov", "true"},
+           {"augment", "false"}, {"workers", "auto"}, {"checkpoint_layers", "0,2"}, {"validation_split", "0.1"},
+           {"report", "a \"quoted\" path\\with 'quotes'.json"}, {"seed", "7"}}) {
+    set_field(config, name, value);
+  }
+  testing::TempDir dir;
+  auto path = dir / "config.toml";
+  testing::write_file(path, to_toml(config));
+  TrainConfig read;
+  apply_toml_file(read, path.string());
+  for (const auto& field : config_fields()) EXPECT_EQ(field.get(read), field.get(config)) << field.name;
+}
+
+TEST(Config, TomlRelativeToTheDefaultsListsOnlyWhatDiffers) {
+  TrainConfig config;
+  set_field(config, "lr", "0.25");
+  set_field(config, "augment", config.augment ? "false" : "true");
+  const TrainConfig defaults;
+  auto text = to_toml(config, &defaults);
+  EXPECT_EQ(text, "lr = 0.25\naugment = " + std::string(config.augment ? "true" : "false") + "\n");
+  EXPECT_EQ(to_toml(defaults, &defaults), "");
+}
+
+TEST(Config, ValidationSplitIsAFractionOfAtMostHalf) {
+  TrainConfig config;
+  set_field(config, "validation_split", "0.2");
+  EXPECT_DOUBLE_EQ(config.validation_split, 0.2);
+  EXPECT_NE(usage_error_of([&] { set_field(config, "validation_split", "0.6"); }).find("--validation-split"),
+            std::string::npos);
+  EXPECT_NE(usage_error_of([&] { set_field(config, "validation_split", "-0.1"); }).find("--validation-split"),
+            std::string::npos);
 }
 
 TEST(Config, TomlErrorsNameTheFileAndKeyOrLine) {

@@ -24,6 +24,8 @@ struct TrainState {
   int64_t batch_in_epoch = 0;  // batches of `epoch` already consumed
   double train_seconds = 0;    // training time so far (for time-to-accuracy across resumes)
   double seconds_to_target = -1;  // training time when the target accuracy was reached; -1 = not yet
+  int64_t samples = 0;            // samples trained since the start of the run
+  int64_t samples_to_target = -1; // samples trained when the target accuracy was reached; -1 = not yet
 };
 
 // What a checkpoint holds besides the state; `model_name` guards against resuming another model.

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,7 +22,17 @@ struct EvalResult {
   int64_t samples = 0;
 };
 
+// One evaluation during training: the points of the accuracy-against-time curve.
+struct EvalPoint {
+  int64_t step = 0;
+  int64_t samples = 0;           // trained samples so far
+  double train_seconds = 0;      // training time so far
+  double accuracy = 0;
+  double loss = 0;
+};
+
 struct TrainReport {
+  std::map<std::string, std::string> config;  // every TrainConfig field's text, when run_training() made it
   std::string model;
   std::string precision;
   int64_t batch_size = 0;
@@ -30,12 +41,17 @@ struct TrainReport {
   int64_t trainable_parameters = 0;
   int64_t steps = 0;                   // optimizer steps taken (all sessions of a resumed run)
   int64_t skipped_steps = 0;           // steps dropped for an inf/NaN loss or gradient
+  std::string evaluated_on = "test";   // "test", or "validation" (held out of the training set)
+  std::string schedule;                // the learning-rate schedule, described
   double test_accuracy = 0;            // of the last evaluation
   std::vector<double> test_accuracy_per_epoch;
   double train_samples_per_sec = 0;    // training steps only, data wait included, evaluation excluded
   std::vector<double> epoch_seconds;   // training time of each epoch run in this session
   double train_seconds = 0;            // training time of the whole run, across resumes
   std::optional<double> train_seconds_to_target;
+  std::optional<int64_t> samples_to_target;
+  double eval_seconds = 0;             // time spent evaluating (not in train_seconds)
+  std::vector<EvalPoint> evaluations;  // of this session
   double peak_rss_mb = 0;
   double peak_tensor_mb = 0;
   std::string stop_reason;             // "completed", "target accuracy reached", "max steps", ...

@@ -1,0 +1,67 @@
+// A training run from a TrainConfig, in two parts: the data it reads (loaded once, and shared by
+// any number of sessions), and a session holding its loaders, model, optimizer and trainer.
+// run_training() is one session's fit(); `afterburner tune` measures many sessions side by side.
+//
+//   auto data = afterburner::train::load_training_data(config);
+//   afterburner::train::TrainingSession session(config, data);
+//   auto speed = session.measure_steps(/*warmup=*/5, /*steps=*/40);   // samples/s of 40 steps
+//   afterburner::train::TrainReport report = session.fit();
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include "afterburner/data/dataset.h"
+#include "afterburner/train/config.h"
+#include "afterburner/train/report.h"
+
+namespace afterburner::train {
+
+struct TrainingData {
+  data::DatasetPtr train;
+  data::DatasetPtr evaluation;  // the test set, or the validation split held out of the training set
+  std::string evaluated_on;     // "test" or "validation"
+  int64_t channels = 0, image_size = 0;
+  std::vector<double> mean, std;  // per channel, of the training images scaled to [0, 1]
+};
+
+// Reads config.data and splits off config.validation_split. Throws UsageError / DataError naming
+// the file or flag.
+TrainingData load_training_data(const TrainConfig& config);
+
+struct StepMeasurement {
+  int64_t steps = 0;
+  int64_t samples = 0;
+  double seconds = 0;
+  double samples_per_sec = 0;
+  double peak_tensor_mb = 0;  // the largest live tensor memory during the timed steps
+};
+
+class TrainingSession {
+ public:
+  TrainingSession(const TrainConfig& config, const TrainingData& data);
+  ~TrainingSession();
+  TrainingSession(const TrainingSession&) = delete;
+  TrainingSession& operator=(const TrainingSession&) = delete;
+
+  // Trains as configured (epochs, target, checkpoints, callbacks); writes no files but the
+  // checkpoints and the JSON lines log.
+  TrainReport fit();
+
+  // `warmup` untimed optimizer steps, then `steps` timed ones, over fresh epochs of the training
+  // loader, with the session's threads; training continues from where the last call left it.
+  StepMeasurement measure_steps(int64_t warmup, int64_t steps);
+
+  const TrainConfig& config() const;
+  torch::nn::Sequential exportable_model() const;  // the model as built, sharing the trained parameters
+
+ private:
+  struct Parts;
+  std::unique_ptr<Parts> parts_;
+};
+
+}  // namespace afterburner::train

@@ -1,0 +1,276 @@
+#include "afterburner/train/session.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "afterburner/core/error.h"
+#include "afterburner/core/heap.h"
+#include "afterburner/core/threads.h"
+#include "afterburner/data/idx.h"
+#include "afterburner/data/loader.h"
+#include "afterburner/data/transforms.h"
+#include "afterburner/kernels/cross_entropy.h"
+#include "afterburner/kernels/fuse.h"
+#include "afterburner/models/zoo.h"
+#include "afterburner/profile/memory.h"
+#include "afterburner/sketch/sequential.h"
+#include "afterburner/train/checkpointed.h"
+#include "afterburner/train/profile_steps.h"
+#include "afterburner/train/run.h"
+#include "afterburner/train/trainer.h"
+
+namespace afterburner::train {
+namespace {
+
+Precision resolve_precision(const std::string& name, const torch::Device& device) {
+  if (name == "auto") {
+    if (device.is_cuda()) return Precision::bf16;
+    return cpu_has_native_bf16() ? Precision::bf16 : Precision::fp32;
+  }
+  Precision precision = parse_precision(name);
+  check_precision_supported(precision, device);
+  return precision;
+}
+
+// Exact statistics of uint8 images from each channel's histogram of the 256 pixel values,
+// without a floating-point copy of the whole set.
+void describe_images(const data::Dataset& dataset, TrainingData& stats) {
+  auto all = dataset.get_batch(torch::arange(dataset.size())).input;
+  if (all.scalar_type() != torch::kByte || all.dim() != 4 || all.size(2) != all.size(3)) {
+    throw UsageError("--data", "expected square uint8 images [N, C, H, W]");
+  }
+  stats.channels = all.size(1);
+  stats.image_size = all.size(2);
+  auto levels = torch::arange(256, torch::kDouble).div_(255.0);
+  for (int64_t c = 0; c < stats.channels; ++c) {
+    auto counts = torch::bincount(all.select(1, c).flatten(), {}, 256).to(torch::kDouble);
+    double n = counts.sum().item<double>();
+    double mean = (counts * levels).sum().item<double>() / n;
+    double var = (counts * (levels - mean).square()).sum().item<double>() / (n - 1);
+    stats.mean.push_back(mean);
+    stats.std.push_back(std::sqrt(var));
+  }
+}
+
+void to_channels_last(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.parameters()) {
+    if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
+  }
+}
+
+// With a target, evaluating only at epoch ends would train up to an epoch past it.
+int64_t evaluation_interval(const TrainConfig& config, int64_t batches_per_epoch) {
+  constexpr int64_t kEvaluationsPerEpoch = 8;
+  if (config.eval_every > 0 || config.target_accuracy <= 0) return config.eval_every;
+  return std::max<int64_t>(1, batches_per_epoch / config.accumulate / kEvaluationsPerEpoch);
+}
+
+int64_t total_steps(const TrainConfig& config, int64_t batches_per_epoch) {
+  int64_t per_epoch = (batches_per_epoch + config.accumulate - 1) / config.accumulate;
+  int64_t steps = per_epoch * config.epochs;
+  return config.max_steps > 0 ? std::min(steps, config.max_steps) : steps;
+}
+
+torch::nn::Sequential sketched(const torch::nn::Sequential& model, const TrainConfig& config) {
+  auto result = sketch::sketch_sequential(model, sketch::SketchConfig()
+                                                     .terms(config.sketch_terms)
+                                                     .rank(config.sketch_rank)
+                                                     .budget(config.sketch_rank > 0 ? 0.0 : config.sketch_budget));
+  for (const auto& layer : result.report.layers) fmt::print(stderr, "afterburner: sketch: {}\n", sketch::describe(layer));
+  fmt::print(stderr, "afterburner: sketch: {}\n", sketch::describe(result.report));
+  return result.model;
+}
+
+// Returns {training, validation}: `fraction` of `all` held out for evaluation, chosen by a
+// permutation seeded with `seed`. A recipe tuned on it is judged on samples it never trained on,
+// and never on the test set.
+std::pair<data::DatasetPtr, data::DatasetPtr> hold_out(const data::DatasetPtr& all, double fraction, uint64_t seed) {
+  auto generator = at::detail::createCPUGenerator(seed);
+  auto order = torch::randperm(all->size(), generator, torch::kLong);
+  int64_t held = std::llround(fraction * double(all->size()));
+  if (held < 1 || held >= all->size()) {
+    throw UsageError("--validation-split", fmt::format("{} of {} training samples leaves no validation or no "
+                                                       "training set", fraction, all->size()));
+  }
+  auto training = order.slice(/*dim=*/0, /*start=*/held), validation = order.slice(/*dim=*/0, 0, held);
+  return {std::make_shared<data::SubsetDataset>(all, training), std::make_shared<data::SubsetDataset>(all, validation)};
+}
+
+}  // namespace
+
+TrainingData load_training_data(const TrainConfig& config) {
+  // Labels outside the model's outputs stop the run here, naming the file, not inside the loss.
+  const int64_t classes = models::ModelOptions().num_classes();
+  TrainingData data;
+  data.train = data::load_mnist(config.data, data::Split::train, classes);
+  data.evaluated_on = config.validation_split > 0 ? "validation" : "test";
+  if (config.validation_split > 0) {
+    std::tie(data.train, data.evaluation) = hold_out(data.train, config.validation_split, config.seed);
+  } else {
+    data.evaluation = data::load_mnist(config.data, data::Split::test, classes);
+  }
+  describe_images(*data.train, data);
+  return data;
+}
+
+struct TrainingSession::Parts {
+  TrainConfig config;
+  std::string evaluated_on;
+  torch::Device device = torch::kCPU;
+  int workers = 0;
+  torch::nn::Sequential model;  // as built: exportable, sharing its parameters with the trained one
+  std::unique_ptr<data::Loader> train_loader, test_loader;
+  std::string schedule;
+  std::unique_ptr<Trainer> trainer;
+  int64_t measured_epochs = 0;  // measure_steps() reads fresh epochs from here on
+
+  int threads() const { return config.threads > 0 ? static_cast<int>(config.threads) : available_cores(); }
+};
+
+TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& data) : parts_(std::make_unique<Parts>()) {
+  auto& p = *parts_;
+  p.config = config;
+  p.evaluated_on = data.evaluated_on;
+  ThreadsGuard threads(p.threads());
+  p.device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  const Precision precision = resolve_precision(config.precision, p.device);
+  profile::TensorMemory::install();
+  if (config.keep_freed_memory && !keep_freed_memory()) {
+    fmt::print(stderr, "afterburner: this C library cannot keep freed memory; --keep-freed-memory has no effect\n");
+  }
+
+  std::vector<data::TransformPtr> train_chain{data::to_float(1.0 / 255), data::normalize(data.mean, data.std)};
+  if (config.augment) train_chain.push_back(data::random_crop(2));
+  auto test_chain = data::compose({data::to_float(1.0 / 255), data::normalize(data.mean, data.std)});
+
+  torch::manual_seed(config.seed);
+  p.model = models::make_model(config.model,
+                               models::ModelOptions().in_channels(data.channels).image_size(data.image_size));
+  if (config.sketch) p.model = sketched(p.model, config);
+  bool channels_last = config.channels_last && config.model != "mlp";
+  auto loader_options = data::LoaderOptions()
+                            .batch_size(config.batch_size)
+                            .prefetch(config.prefetch)
+                            .seed(config.seed)
+                            .channels_last(channels_last);
+  p.workers = static_cast<int>(config.workers);
+  if (p.workers < 0) {
+    p.workers = data::choose_workers(data.train, loader_options, data::compose(train_chain));
+    fmt::print(stderr, "afterburner: --workers auto chose {} loader worker(s)\n", p.workers);
+  }
+  loader_options.workers(p.workers);
+  p.train_loader = std::make_unique<data::Loader>(data.train, loader_options, data::compose(train_chain));
+  p.test_loader = std::make_unique<data::Loader>(
+      data.evaluation,
+      data::LoaderOptions(loader_options).batch_size(config.eval_batch_size).shuffle(false).drop_last(false), test_chain);
+
+  // The trainer runs `trained`; `model` shares every parameter and stays exportable.
+  torch::nn::Sequential trained = p.model;
+  LossFunction loss = plain_cross_entropy();
+  if (config.fuse) {
+    auto fused = kernels::fuse(p.model);
+    for (const auto& notice : fused.notices) fmt::print(stderr, "afterburner: {}\n", notice);
+    trained = fused.model;
+    loss = kernels::cross_entropy;
+  }
+  if (!config.checkpoint_layers.empty()) checkpoint_layers(trained, config.checkpoint_layers);
+  if (channels_last) to_channels_last(*p.model);
+  auto optimizer = make_optimizer(OptimizerOptions()
+                                      .kind(config.optimizer)
+                                      .lr(config.lr)
+                                      .momentum(config.momentum)
+                                      .nesterov(config.nesterov && config.momentum > 0)  // without momentum, the same step
+                                      .weight_decay(config.weight_decay)
+                                      .fused(config.fuse),
+                                  trained->parameters());
+  const int64_t batches_per_epoch = p.train_loader->batches_per_epoch();
+  LrSchedule schedule(ScheduleOptions().kind(config.schedule).warmup_steps(config.warmup_steps), config.lr,
+                      total_steps(config, batches_per_epoch));
+  p.schedule = schedule.describe();
+
+  std::string checkpoint;
+  if (!config.checkpoint_dir.empty()) {
+    std::filesystem::create_directories(config.checkpoint_dir);
+    checkpoint = checkpoint_file(config.checkpoint_dir);
+  }
+  p.trainer = std::make_unique<Trainer>(trained, std::move(optimizer), schedule, *p.train_loader, *p.test_loader,
+                                        TrainerOptions()
+                                            .model_name(config.model)
+                                            .epochs(config.epochs)
+                                            .loss(loss)
+                                            .precision(precision)
+                                            .accumulate(config.accumulate)
+                                            .clip_grad_norm(config.clip_grad_norm)
+                                            .clip_grad_value(config.clip_grad_value)
+                                            .checkpoint_path(checkpoint)
+                                            .checkpoint_every(config.checkpoint_every)
+                                            .target_accuracy(config.target_accuracy)
+                                            .eval_every(evaluation_interval(config, batches_per_epoch))
+                                            .max_steps(config.max_steps)
+                                            .skip_nonfinite(config.skip_nonfinite)
+                                            .device(p.device));
+  auto progress = parse_progress_mode(config.progress);
+  if (progress != ProgressMode::none) p.trainer->add_callback(std::make_shared<ProgressBar>(progress));
+  if (!config.log_jsonl.empty()) p.trainer->add_callback(std::make_shared<JsonlLog>(config.log_jsonl));
+  if (config.early_stopping > 0) p.trainer->add_callback(std::make_shared<EarlyStopping>(config.early_stopping));
+  if (config.profile_steps > 0) {
+    p.trainer->add_callback(std::make_shared<ProfileSteps>(/*warmup=*/5, config.profile_steps, config.trace));
+  }
+}
+
+TrainingSession::~TrainingSession() = default;
+
+const TrainConfig& TrainingSession::config() const { return parts_->config; }
+
+torch::nn::Sequential TrainingSession::exportable_model() const { return parts_->model; }
+
+TrainReport TrainingSession::fit() {
+  auto& p = *parts_;
+  ThreadsGuard threads(p.threads());
+  if (p.config.resume) p.trainer->resume();
+  TrainReport report = p.trainer->fit();
+  for (const auto& field : config_fields()) report.config[field.name] = field.get(p.config);
+  report.model = p.config.model;
+  report.schedule = p.schedule;
+  report.evaluated_on = p.evaluated_on;
+  report.batch_size = p.config.batch_size;
+  report.threads = at::get_num_threads();
+  report.workers = p.workers;
+  for (const auto& parameter : p.model->parameters()) report.trainable_parameters += parameter.numel();
+  return report;
+}
+
+StepMeasurement TrainingSession::measure_steps(int64_t warmup, int64_t steps) {
+  auto& p = *parts_;
+  ThreadsGuard threads(p.threads());
+  StepMeasurement measured;
+  measured.steps = steps;
+  auto start = std::chrono::steady_clock::now();
+  bool timing = false;
+  int64_t done = 0, micro = 0;
+  while (done < warmup + steps) {
+    for (auto& batch : data::Prefetcher(p.train_loader->epoch(p.measured_epochs), p.device)) {
+      if (done == warmup && !timing) {
+        profile::TensorMemory::reset_peak();
+        start = std::chrono::steady_clock::now();
+        timing = true;
+      }
+      p.trainer->forward_backward(batch);
+      if (timing) measured.samples += batch.target.size(0);
+      if (++micro % p.config.accumulate != 0) continue;
+      p.trainer->optimizer_step();
+      if (++done == warmup + steps) break;
+    }
+    ++p.measured_epochs;
+  }
+  measured.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  measured.samples_per_sec = measured.seconds > 0 ? double(measured.samples) / measured.seconds : 0;
+  measured.peak_tensor_mb = double(profile::TensorMemory::peak_bytes()) / (1 << 20);
+  return measured;
+}
+
+}  // namespace afterburner::train
