@@ -20,5 +20,6 @@ Command add_serve_command(CLI::App& app);
 Command add_loadgen_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_sketch_command(CLI::App& app);
+Command add_tune_command(CLI::App& app);
 
 }  // namespace afterburner::tools

@@ -4,12 +4,14 @@
 
 namespace afterburner::tools {
 
-ConfigOptions::ConfigOptions(CLI::App* command, const train::TrainConfig& defaults)
+ConfigOptions::ConfigOptions(CLI::App* command, const train::TrainConfig& defaults,
+                             const std::set<std::string>& excluded)
     : defaults_(defaults),
       given_(std::make_shared<std::map<std::string, std::string>>()),
       flag_storage_(std::make_shared<std::map<std::string, std::string>>()) {
   command->add_option("--config", config_file_, "TOML file of options (keys as the flags, with _ for -)");
   for (const auto& field : train::config_fields()) {
+    if (excluded.count(field.name)) continue;
     std::string flag = field.name;
     std::replace(flag.begin(), flag.end(), '_', '-');
     auto given = given_;

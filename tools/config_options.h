@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "afterburner/train/config.h"
@@ -14,7 +15,9 @@ namespace afterburner::tools {
 
 class ConfigOptions {
  public:
-  explicit ConfigOptions(CLI::App* command, const train::TrainConfig& defaults = {});
+  // Fields named in `excluded` get no flag (a subcommand that gives the flag another meaning).
+  explicit ConfigOptions(CLI::App* command, const train::TrainConfig& defaults = {},
+                         const std::set<std::string>& excluded = {});
   // The config after parsing: defaults, then the TOML file, then the flags given.
   train::TrainConfig resolve() const;
 

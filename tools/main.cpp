@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
                                        tools::add_serve_command(app),
                                        tools::add_loadgen_command(app),
                                        tools::add_bench_command(app),
-                                       tools::add_sketch_command(app)};
+                                       tools::add_sketch_command(app),
+                                       tools::add_tune_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,85 @@
+// Which training techniques make *this* model faster on *this* machine: short trials of every
+// technique that applies, each measured against the user's configuration in alternating pairs
+// (median with min and max), the batch size's throughput knee under a memory budget, and a
+// recommended configuration, measured against the best single technique in the same run.
+//
+//   afterburner::train::TrainConfig base;          // the user's options, e.g. from the CLI
+//   auto result = afterburner::tune::tune_throughput(base, afterburner::tune::TuneOptions().time_budget(300));
+//   std::cout << afterburner::tune::format_table(result);
+//   std::cout << afterburner::train::to_toml(result.recommended, &base);   // for --config
+#pragma once
+
+#include <torch/arg.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "afterburner/train/config.h"
+
+namespace afterburner::tune {
+
+using StopFlag = const std::atomic<bool>*;
+
+struct TuneOptions {
+  TORCH_ARG(double, time_budget) = 300;       // seconds for all trials, roughly
+  TORCH_ARG(int64_t, rounds) = 3;             // alternating pairs per trial
+  TORCH_ARG(double, memory_budget_mb) = 0;    // 0 = no limit; batch sizes predicted above it are not tried
+  TORCH_ARG(bool, check_accuracy) = true;     // false: never recommend what changes numerics
+  TORCH_ARG(StopFlag, stop) = nullptr;  // set (e.g. by SIGINT) to end after the current measurement
+  TORCH_ARG(std::function<void(const std::string&)>, log) = nullptr;  // a line per finished trial
+};
+
+struct Spread {
+  double median = 0, min = 0, max = 0;
+};
+
+// One setting of one technique, measured against the baseline in alternating pairs.
+struct Trial {
+  std::string technique;       // e.g. "precision"
+  std::string setting;         // e.g. "fp32"
+  train::TrainConfig config;   // the baseline with this setting
+  Spread samples_per_sec;      // of this setting
+  Spread baseline_samples_per_sec;  // of the baseline, in the same pairs
+  Spread speedup;              // pair by pair: this over the baseline
+  double peak_tensor_mb = 0;
+  bool changes_numerics = false;  // precision, batch size: recommended only after an accuracy check
+  std::string verdict;         // "faster", "slower", "no measurable gain" (the pairs' range straddles 1)
+};
+
+// Validation accuracy after one epoch on a 10% split, of a setting that changes numerics and of
+// the baseline in fp32.
+struct AccuracyCheck {
+  std::string setting;
+  double accuracy = 0, fp32_accuracy = 0;
+  bool passed = false;  // accuracy >= fp32_accuracy - 0.005
+};
+
+struct TuneResult {
+  train::TrainConfig baseline;
+  train::TrainConfig recommended;
+  std::vector<Trial> trials;
+  Trial final_comparison;           // the recommendation against the baseline
+  std::string best_single;          // the fastest single trial, "technique=setting"
+  double best_single_speedup = 1;   // its median speedup
+  double baseline_peak_tensor_mb = 0;
+  std::vector<std::string> notes;   // what was skipped, and why
+  std::vector<AccuracyCheck> accuracy_checks;  // of each recommendation considered that changes numerics
+  bool interrupted = false;
+
+  nlohmann::json to_json() const;
+};
+
+TuneResult tune_throughput(const train::TrainConfig& base, const TuneOptions& options);
+
+// The terminal table: technique, setting, samples/s median [min-max], speedup, peak memory, verdict.
+std::string format_table(const TuneResult& result);
+
+// DIR/tune.json, DIR/recommended.toml and DIR/report.md with its SVG plots. Creates DIR.
+void write_report(const TuneResult& result, const std::string& dir);
+
+}  // namespace afterburner::tune

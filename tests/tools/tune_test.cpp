@@ -1,0 +1,140 @@
+// afterburner tune: trials of every technique against the baseline, a recommendation that
+// `train --config` accepts, and plots that open.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+
+#include "cli_helpers.h"
+#include "testing.h"
+
+namespace afterburner::testing {
+namespace {
+
+class CliTune : public ::testing::Test {
+ protected:
+  void SetUp() override { write_synthetic_mnist(dir_.path(), 512, 256); }
+
+  // A short tune of mlp in fp32 on one thread; `flags` add to or replace these.
+  CommandResult tune(std::map<std::string, std::string> flags = {}) {
+    std::map<std::string, std::string> all{{"--data", dir_.path().string()}, {"--model", "mlp"},
+                                           {"--batch-size", "32"},          {"--threads", "1"},
+                                           {"--workers", "0"},              {"--precision", "fp32"},
+                                           {"--time-budget", "8"},          {"--rounds", "2"},
+                                           {"--report", report_dir().string()}};
+    for (const auto& [flag, value] : flags) all[flag] = value;
+    std::vector<std::string> args{"tune"};
+    for (const auto& [flag, value] : all) {
+      args.push_back(flag);
+      if (!value.empty()) args.push_back(value);
+    }
+    return run_cli(args);
+  }
+  std::filesystem::path report_dir() const { return dir_ / "tune"; }
+
+  TempDir dir_;
+};
+
+TEST_F(CliTune, MeasuresEachTechniqueAgainstTheBaselineAndRecommendsAConfigTrainAccepts) {
+  auto result = tune();
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  auto report = read_json(report_dir() / "tune.json");
+  std::set<std::string> techniques;
+  const std::set<std::string> verdicts{"faster", "slower", "no measurable gain"};
+  for (const auto& trial : report.at("trials")) {
+    techniques.insert(trial.at("technique").get<std::string>());
+    ASSERT_TRUE(verdicts.count(trial.at("verdict").get<std::string>())) << trial.dump();
+    const auto& speedup = trial.at("speedup");
+    EXPECT_LE(speedup.at("min").get<double>(), speedup.at("median").get<double>()) << trial.dump();
+    EXPECT_LE(speedup.at("median").get<double>(), speedup.at("max").get<double>()) << trial.dump();
+    EXPECT_GT(trial.at("samples_per_sec").at("min").get<double>(), 0) << trial.dump();
+    // The verdict follows the pairs' range: faster only if every pair was faster.
+    EXPECT_EQ(trial.at("verdict") == "faster", speedup.at("min").get<double>() > 1) << trial.dump();
+    EXPECT_EQ(trial.at("verdict") == "slower", speedup.at("max").get<double>() < 1) << trial.dump();
+  }
+  for (const char* expected : {"precision", "fuse", "loader workers", "intra-op threads", "batch size",
+                               "gradient accumulation"}) {
+    EXPECT_TRUE(techniques.count(expected)) << expected << " in " << report.dump(2);
+  }
+  EXPECT_EQ(techniques.count("layout"), 0u);  // mlp has no convolutions
+  // A check passes when the setting's accuracy is within 0.5 points of fp32's; what changes
+  // numerics is recommended only with a passed check.
+  bool passed_any = false;
+  for (const auto& check : report.at("accuracy_checks")) {
+    double accuracy = check.at("accuracy"), fp32 = check.at("fp32_accuracy");
+    EXPECT_EQ(check.at("passed").get<bool>(), accuracy >= fp32 - 0.005) << check.dump();
+    passed_any |= check.at("passed").get<bool>();
+  }
+  auto recommended_toml = report.at("recommended").get<std::string>();
+  auto value_of = [&](const std::string& name) {
+    auto at = recommended_toml.find("\n" + name + " = ") + name.size() + 4;
+    return recommended_toml.substr(at, recommended_toml.find('\n', at) - at);
+  };
+  // Accumulation at the same effective batch keeps the numerics.
+  bool numerics_changed = std::stoi(value_of("batch_size")) * std::stoi(value_of("accumulate")) != 32 ||
+                          value_of("precision") != "'fp32'";
+  EXPECT_TRUE(!numerics_changed || passed_any) << report.dump(2);
+  EXPECT_NE(result.out.find("technique"), std::string::npos) << result.out;
+
+  // The recommendation trains as given, and the run records the same options.
+  auto recommended = report_dir() / "recommended.toml";
+  ASSERT_TRUE(std::filesystem::exists(recommended));
+  auto run = run_cli({"train", "--config", recommended.string(), "--data", dir_.path().string(), "--model", "mlp",
+                      "--max-steps", "2", "--progress", "none", "--report", (dir_ / "run.json").string()});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  auto printed = run_cli({"train", "--config", recommended.string(), "--print-config"});
+  ASSERT_EQ(printed.exit_code, 0) << printed.err;
+  auto config = read_json(dir_ / "run.json").at("config");
+  std::istringstream lines(printed.out);
+  for (std::string line; std::getline(lines, line);) {
+    auto name = line.substr(0, line.find(" = "));
+    if (name == "data" || name == "model" || name == "max_steps" || name == "progress" || name == "report") continue;
+    auto value = line.substr(line.find(" = ") + 3);
+    if (value.front() == '\'') value = value.substr(1, value.size() - 2);
+    EXPECT_EQ(config.at(name).get<std::string>(), value) << name;
+  }
+}
+
+TEST_F(CliTune, PlotsAreWellFormedSvgWithLabelledAxes) {
+  auto result = tune();
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  auto markdown = read_file(report_dir() / "report.md");
+  for (const char* plot : {"speedups.svg", "batch-size.svg", "memory.svg", "workers.svg"}) {
+    auto path = report_dir() / plot;
+    ASSERT_TRUE(std::filesystem::exists(path)) << plot;
+    EXPECT_NE(markdown.find(plot), std::string::npos) << plot;
+    // Opens: Python's XML parser reads it, and its root is an <svg>.
+    auto parsed = run({"/usr/bin/python3", "-c",
+                       "import sys, xml.etree.ElementTree as ET; root = ET.parse(sys.argv[1]).getroot(); "
+                       "sys.exit(0 if root.tag.endswith('svg') else 1)",
+                       path.string()});
+    EXPECT_EQ(parsed.exit_code, 0) << plot << ": " << parsed.err;
+  }
+  // Axes carry their units.
+  EXPECT_NE(read_file(report_dir() / "batch-size.svg").find("batch size (samples)"), std::string::npos);
+  EXPECT_NE(read_file(report_dir() / "memory.svg").find("(MiB)"), std::string::npos);
+  EXPECT_NE(read_file(report_dir() / "speedups.svg").find("speedup (samples/s over the baseline"), std::string::npos);
+}
+
+TEST_F(CliTune, BatchSizesPredictedAboveTheMemoryBudgetAreNotTried) {
+  auto result = tune({{"--memory-budget", "0.001"}});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  auto report = read_json(report_dir() / "tune.json");
+  int batch_trials = 0;
+  for (const auto& trial : report.at("trials")) {
+    if (trial.at("technique") != "batch size") continue;
+    ++batch_trials;
+    EXPECT_EQ(trial.at("verdict").get<std::string>().rfind("not tried: predicted above", 0), 0u) << trial.dump();
+  }
+  EXPECT_GT(batch_trials, 0);
+}
+
+TEST_F(CliTune, BadOptionsAreOneLine) {
+  EXPECT_TRUE(fails_with(tune({{"--time-budget", "-3"}}), 2, {"--time-budget"}));
+  EXPECT_TRUE(fails_with(tune({{"--objective", "accuracy"}}), 2, {"--objective"}));
+  EXPECT_TRUE(fails_with(run_cli({"tune", "--model", "mlp"}), 2, {"--report"}));
+  EXPECT_TRUE(fails_with(tune({{"--data", (dir_ / "nowhere").string()}}), 1, {"nowhere"}));
+}
+
+}  // namespace
+}  // namespace afterburner::testing

@@ -1,0 +1,76 @@
+// afterburner tune: which techniques make this model train faster here, and a configuration.
+#include <fmt/format.h>
+
+#include <atomic>
+#include <csignal>
+#include <iostream>
+#include <memory>
+
+#include "afterburner/train/config.h"
+#include "afterburner/tune/tune.h"
+#include "commands.h"
+#include "config_options.h"
+
+namespace afterburner::tools {
+namespace {
+
+std::atomic<bool> interrupted{false};
+
+// Ctrl-C ends the current measurement and keeps the trials that finished; a second one kills.
+class InterruptGuard {
+ public:
+  InterruptGuard() { previous_ = std::signal(SIGINT, [](int) { interrupted = true; std::signal(SIGINT, SIG_DFL); }); }
+  ~InterruptGuard() { std::signal(SIGINT, previous_); }
+
+ private:
+  void (*previous_)(int);
+};
+
+struct TuneFlags {
+  double time_budget = 300;
+  std::string report_dir;
+  std::string objective = "throughput";
+  double memory_budget_mb = 0;
+  int64_t rounds = 3;
+};
+
+}  // namespace
+
+Command add_tune_command(CLI::App& app) {
+  auto* sub = app.add_subcommand("tune", "measure each training technique on this model and machine, and recommend a "
+                                         "configuration for `train --config`");
+  // Train's outputs have no meaning here, and --report names tune's directory.
+  auto options = std::make_shared<ConfigOptions>(
+      sub, train::TrainConfig{},
+      std::set<std::string>{"report", "export", "log_jsonl", "checkpoint_dir", "checkpoint_every", "resume", "trace",
+                            "profile", "progress"});
+  auto flags = std::make_shared<TuneFlags>();
+  sub->add_option("--time-budget", flags->time_budget, "seconds for all trials, roughly")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--report", flags->report_dir, "directory for tune.json, recommended.toml and report.md")->required();
+  sub->add_option("--objective", flags->objective, "what to optimise")
+      ->check(CLI::IsMember({"throughput"}))
+      ->capture_default_str();
+  sub->add_option("--memory-budget", flags->memory_budget_mb, "MB of tensor memory a training step may use (0 = any)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--rounds", flags->rounds, "alternating pairs per trial")->check(CLI::Range(1, 100))->capture_default_str();
+  return {sub, [options, flags] {
+            InterruptGuard guard;
+            auto result = tune::tune_throughput(
+                options->resolve(), tune::TuneOptions()
+                                        .time_budget(flags->time_budget)
+                                        .rounds(flags->rounds)
+                                        .memory_budget_mb(flags->memory_budget_mb)
+                                        .stop(&interrupted)
+                                        .log([](const std::string& line) { std::cerr << "afterburner: tune: " << line << "\n"; }));
+            tune::write_report(result, flags->report_dir);
+            std::cout << tune::format_table(result);
+            const train::TrainConfig defaults;
+            std::cout << fmt::format("\nrecommended ({}/recommended.toml):\n{}", flags->report_dir,
+                                     train::to_toml(result.recommended, &defaults));
+            return result.interrupted ? 130 : 0;
+          }};
+}
+
+}  // namespace afterburner::tools
