@@ -32,6 +32,7 @@ struct TuneFlags {
   std::string objective = "throughput";
   double memory_budget_mb = 0;
   int64_t rounds = 3;
+  bool lr_find = false;
 };
 
 }  // namespace
@@ -49,21 +50,26 @@ Command add_tune_command(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub->add_option("--report", flags->report_dir, "directory for tune.json, recommended.toml and report.md")->required();
-  sub->add_option("--objective", flags->objective, "what to optimise")
-      ->check(CLI::IsMember({"throughput"}))
+  sub->add_option("--objective", flags->objective,
+                  "throughput: samples/s of each technique; time-to-accuracy: the recipe that reaches "
+                  "--target-accuracy soonest on a validation split")
+      ->check(CLI::IsMember({"throughput", "time-to-accuracy"}))
       ->capture_default_str();
+  sub->add_flag("--lr-find", flags->lr_find, "run a learning-rate range test first, and plot it");
   sub->add_option("--memory-budget", flags->memory_budget_mb, "MB of tensor memory a training step may use (0 = any)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--rounds", flags->rounds, "alternating pairs per trial")->check(CLI::Range(1, 100))->capture_default_str();
   return {sub, [options, flags] {
             InterruptGuard guard;
-            auto result = tune::tune_throughput(
-                options->resolve(), tune::TuneOptions()
-                                        .time_budget(flags->time_budget)
-                                        .rounds(flags->rounds)
-                                        .memory_budget_mb(flags->memory_budget_mb)
-                                        .stop(&interrupted)
-                                        .log([](const std::string& line) { std::cerr << "afterburner: tune: " << line << "\n"; }));
+            auto tune_options = tune::TuneOptions()
+                                    .time_budget(flags->time_budget)
+                                    .rounds(flags->rounds)
+                                    .memory_budget_mb(flags->memory_budget_mb)
+                                    .lr_find(flags->lr_find)
+                                    .stop(&interrupted)
+                                    .log([](const std::string& line) { std::cerr << "afterburner: tune: " << line << "\n"; });
+            auto result = flags->objective == "throughput" ? tune::tune_throughput(options->resolve(), tune_options)
+                                                           : tune::tune_time_to_accuracy(options->resolve(), tune_options);
             tune::write_report(result, flags->report_dir);
             std::cout << tune::format_table(result);
             const train::TrainConfig defaults;

@@ -4,6 +4,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
+#include <functional>
+#include <optional>
 #include <filesystem>
 
 #include "afterburner/core/error.h"
@@ -129,6 +132,8 @@ struct TrainingSession::Parts {
   int64_t measured_epochs = 0;  // measure_steps() reads fresh epochs from here on
 
   int threads() const { return config.threads > 0 ? static_cast<int>(config.threads) : available_cores(); }
+  void run_steps(const std::function<bool(int64_t)>& next, const std::function<std::optional<double>(int64_t)>& lr,
+                 const std::function<void(int64_t, double, int64_t)>& done);
 };
 
 TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& data) : parts_(std::make_unique<Parts>()) {
@@ -244,33 +249,67 @@ TrainReport TrainingSession::fit() {
   return report;
 }
 
+void TrainingSession::add_callback(CallbackPtr callback) { parts_->trainer->add_callback(std::move(callback)); }
+
+// Optimizer steps over fresh epochs of the training loader until `next` returns false: `next(i)`
+// is asked before step i's first micro-batch, `lr(i)` gives its learning rate (nullopt: the
+// schedule's) and `done(i, loss, samples)` gets its mean loss; a loss that is not finite ends
+// the steps before the optimizer takes it.
+void TrainingSession::Parts::run_steps(const std::function<bool(int64_t)>& next,
+                                       const std::function<std::optional<double>(int64_t)>& lr,
+                                       const std::function<void(int64_t, double, int64_t)>& done) {
+  ThreadsGuard threads_guard(threads());
+  int64_t step = 0, micro = 0, samples = 0;
+  double loss_sum = 0;
+  if (!next(step)) return;
+  for (;; ++measured_epochs) {
+    for (auto& batch : data::Prefetcher(train_loader->epoch(measured_epochs), device)) {
+      double loss = trainer->forward_backward(batch);
+      if (!std::isfinite(loss)) {
+        ++measured_epochs;
+        return done(step, loss, batch.target.size(0));
+      }
+      loss_sum += loss;
+      samples += batch.target.size(0);
+      if (++micro % config.accumulate != 0) continue;
+      trainer->optimizer_step(lr(step));
+      done(step, loss_sum / double(config.accumulate), samples);
+      loss_sum = 0;
+      samples = 0;
+      if (!next(++step)) {
+        ++measured_epochs;
+        return;
+      }
+    }
+  }
+}
+
 StepMeasurement TrainingSession::measure_steps(int64_t warmup, int64_t steps) {
-  auto& p = *parts_;
-  ThreadsGuard threads(p.threads());
   StepMeasurement measured;
   measured.steps = steps;
   auto start = std::chrono::steady_clock::now();
-  bool timing = false;
-  int64_t done = 0, micro = 0;
-  while (done < warmup + steps) {
-    for (auto& batch : data::Prefetcher(p.train_loader->epoch(p.measured_epochs), p.device)) {
-      if (done == warmup && !timing) {
-        profile::TensorMemory::reset_peak();
-        start = std::chrono::steady_clock::now();
-        timing = true;
-      }
-      p.trainer->forward_backward(batch);
-      if (timing) measured.samples += batch.target.size(0);
-      if (++micro % p.config.accumulate != 0) continue;
-      p.trainer->optimizer_step();
-      if (++done == warmup + steps) break;
-    }
-    ++p.measured_epochs;
-  }
+  parts_->run_steps(
+      [&](int64_t step) {
+        if (step == warmup) {
+          profile::TensorMemory::reset_peak();
+          start = std::chrono::steady_clock::now();
+        }
+        return step < warmup + steps;
+      },
+      [](int64_t) { return std::nullopt; },
+      [&](int64_t step, double, int64_t samples) { measured.samples += step >= warmup ? samples : 0; });
   measured.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   measured.samples_per_sec = measured.seconds > 0 ? double(measured.samples) / measured.seconds : 0;
   measured.peak_tensor_mb = double(profile::TensorMemory::peak_bytes()) / (1 << 20);
   return measured;
+}
+
+std::vector<double> TrainingSession::losses_at(const std::vector<double>& lrs) {
+  std::vector<double> losses;
+  parts_->run_steps([&](int64_t step) { return step < int64_t(lrs.size()); },
+                    [&](int64_t step) { return std::optional<double>(lrs[step]); },
+                    [&](int64_t, double loss, int64_t) { losses.push_back(loss); });
+  return losses;
 }
 
 }  // namespace afterburner::train

@@ -79,9 +79,13 @@ void Trainer::discard_gradients() {
   }
 }
 
-bool Trainer::optimizer_step() {
+bool Trainer::optimizer_step(std::optional<double> lr) {
   timer_.start(Phase::optimizer);
-  schedule_.apply(*optimizer_, state_.step);
+  if (lr) {
+    set_lr(*optimizer_, *lr);
+  } else {
+    schedule_.apply(*optimizer_, state_.step);
+  }
   if (options_.clip_grad_norm() > 0 || options_.clip_grad_value() > 0) {
     scaler_.unscale(*optimizer_);  // clip the true gradients, not the scaled ones
     if (options_.clip_grad_value() > 0) {

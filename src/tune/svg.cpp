@@ -53,13 +53,14 @@ Scale scale(std::vector<double> values, double from, double to) {
   return {low - pad, high + pad, from, to};
 }
 
-std::string ticks(const Scale& s, bool horizontal, double at) {
+std::string ticks(const Scale& s, bool horizontal, double at, Axis axis = Axis::linear) {
   std::string out;
   for (int i = 0; i <= 4; ++i) {
     double v = s.low + (s.high - s.low) * i / 4;
     double p = s(v);
-    out += horizontal ? line(p, at, p, at + 5) + text(p, at + 18, fmt::format("{:.4g}", v))
-                      : line(at - 5, p, at, p) + text(at - 8, p + 4, fmt::format("{:.4g}", v), "end");
+    auto label = fmt::format("{:.4g}", axis == Axis::log ? std::pow(10.0, v) : v);
+    out += horizontal ? line(p, at, p, at + 5) + text(p, at + 18, label)
+                      : line(at - 5, p, at, p) + text(at - 8, p + 4, label, "end");
   }
   return out;
 }
@@ -90,11 +91,13 @@ std::string bar_chart(const std::string& title, const std::string& value_axis, c
 }
 
 std::string line_chart(const std::string& title, const std::string& x_axis, const std::string& y_axis,
-                       const std::vector<Series>& series) {
+                       const std::vector<Series>& series_given, Axis x_scale) {
   const double height = 400;
+  std::vector<Series> series = series_given;
   std::vector<double> xs, ys;
-  for (const auto& s : series) {
-    for (const auto& p : s.points) {
+  for (auto& s : series) {
+    for (auto& p : s.points) {
+      if (x_scale == Axis::log) p.x = std::log10(p.x);
       xs.push_back(p.x);
       ys.push_back(p.y);
     }
@@ -102,7 +105,7 @@ std::string line_chart(const std::string& title, const std::string& x_axis, cons
   if (xs.empty()) xs = ys = {0};
   Scale x = scale(xs, kMarginLeft / 2, kWidth - kMarginRight), y = scale(ys, height - kBottom, kTop);
   std::string out = header(height, title);
-  out += line(kMarginLeft / 2, height - kBottom, kWidth - kMarginRight, height - kBottom) + ticks(x, true, height - kBottom);
+  out += line(kMarginLeft / 2, height - kBottom, kWidth - kMarginRight, height - kBottom) + ticks(x, true, height - kBottom, x_scale);
   out += line(kMarginLeft / 2, kTop, kMarginLeft / 2, height - kBottom) + ticks(y, false, kMarginLeft / 2);
   out += text((kMarginLeft / 2 + kWidth - kMarginRight) / 2, height - 12, x_axis);
   out += fmt::format("<text x=\"16\" y=\"{:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1f})\">{}</text>\n",

@@ -25,7 +25,9 @@ struct Series {
   std::vector<Point> points;
 };
 
+enum class Axis { linear, log };  // log: base 10, for positive values spanning decades
+
 std::string line_chart(const std::string& title, const std::string& x_axis, const std::string& y_axis,
-                       const std::vector<Series>& series);
+                       const std::vector<Series>& series, Axis x_scale = Axis::linear);
 
 }  // namespace afterburner::tune::svg

@@ -12,13 +12,13 @@
 #include "afterburner/profile/alternate.h"
 #include "afterburner/train/precision.h"
 #include "afterburner/train/session.h"
+#include "changes.h"
 
 namespace afterburner::tune {
 namespace {
 
 using train::TrainConfig;
 using train::TrainingSession;
-using Changes = std::vector<std::pair<std::string, std::string>>;  // field name -> value text
 
 constexpr int64_t kWarmupSteps = 2;        // untimed before every measurement (the loader's start)
 constexpr double kTrialShare = 0.8;        // of the time budget; the rest checks accuracy
@@ -30,52 +30,10 @@ struct Candidate {
   bool changes_numerics = false;
 };
 
-std::string describe(const Changes& changes) {
-  std::vector<std::string> parts;
-  for (const auto& [name, value] : changes) parts.push_back(name + "=" + value);
-  return fmt::format("{}", fmt::join(parts, ", "));
-}
-
-// The fields whose value differs between `from` and `to`, with their value in `to`.
-Changes differences(const TrainConfig& from, const TrainConfig& to) {
-  Changes changes;
-  for (const auto& field : train::config_fields()) {
-    if (field.get(to) != field.get(from)) changes.push_back({field.name, field.get(to)});
-  }
-  return changes;
-}
-
-TrainConfig with(const TrainConfig& base, const Changes& changes) {
-  TrainConfig config = base;
-  for (const auto& [name, value] : changes) train::set_field(config, name, value);
-  return config;
-}
-
-// The user's options for measuring: nothing written, nothing printed, no stopping early.
-TrainConfig trial_base(const TrainConfig& user) {
-  TrainConfig config = user;
-  for (const char* field : {"report", "log_jsonl", "export", "checkpoint_dir", "trace"}) train::set_field(config, field, "");
-  config.resume = false;
-  config.profile_steps = config.max_steps = config.early_stopping = 0;
-  config.target_accuracy = 0;
-  config.progress = "none";
-  return config;
-}
-
-bool precision_runs(const std::string& name) {
-  try {
-    train::check_precision_supported(train::parse_precision(name), torch::kCPU);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
 // Every technique that applies to `base`, each setting differing from it.
 std::vector<Candidate> candidates(const TrainConfig& base, std::vector<std::string>& notes) {
   std::vector<Candidate> list;
-  const std::string precision_now =
-      base.precision != "auto" ? base.precision : (train::cpu_has_native_bf16() ? "bf16" : "fp32");
+  const std::string precision_now = effective_precision(base);
   for (const char* precision : {"fp32", "bf16", "fp16"}) {
     if (precision == precision_now) continue;
     if (!precision_runs(precision)) {
@@ -125,6 +83,7 @@ class Tuner {
 
   TuneResult run() {
     result_.recommended = base_;
+    if (options_.lr_find()) result_.lr_find = find_lr(base_, data_, options_.lr_find_options());
     baseline_ = std::make_unique<TrainingSession>(base_, data_);
     baseline_->measure_steps(5, 0);  // first-step costs: oneDNN primitives, page faults
     const auto calibration = baseline_->measure_steps(kWarmupSteps, 10);

@@ -11,6 +11,25 @@
 namespace afterburner::testing {
 namespace {
 
+// The value text of `name` in TOML as to_toml() writes it, one `name = value` per line.
+std::string toml_value(const std::string& toml, const std::string& name) {
+  auto line = toml.find(name + " = ");
+  EXPECT_TRUE(line == 0 || (line != std::string::npos && toml[line - 1] == '\n')) << name << " in " << toml;
+  if (line == std::string::npos) return "";
+  auto at = line + name.size() + 3;
+  return toml.substr(at, toml.find('\n', at) - at);
+}
+
+// Opens: Python's XML parser reads it, and its root is an <svg>.
+::testing::AssertionResult opens_as_svg(const std::filesystem::path& path) {
+  auto parsed = run({"/usr/bin/python3", "-c",
+                     "import sys, xml.etree.ElementTree as ET; root = ET.parse(sys.argv[1]).getroot(); "
+                     "sys.exit(0 if root.tag.endswith('svg') else 1)",
+                     path.string()});
+  if (parsed.exit_code == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << path << ": " << parsed.err;
+}
+
 class CliTune : public ::testing::Test {
  protected:
   void SetUp() override { write_synthetic_mnist(dir_.path(), 512, 256); }
@@ -66,10 +85,7 @@ TEST_F(CliTune, MeasuresEachTechniqueAgainstTheBaselineAndRecommendsAConfigTrain
     passed_any |= check.at("passed").get<bool>();
   }
   auto recommended_toml = report.at("recommended").get<std::string>();
-  auto value_of = [&](const std::string& name) {
-    auto at = recommended_toml.find("\n" + name + " = ") + name.size() + 4;
-    return recommended_toml.substr(at, recommended_toml.find('\n', at) - at);
-  };
+  auto value_of = [&](const std::string& name) { return toml_value(recommended_toml, name); };
   // Accumulation at the same effective batch keeps the numerics.
   bool numerics_changed = std::stoi(value_of("batch_size")) * std::stoi(value_of("accumulate")) != 32 ||
                           value_of("precision") != "'fp32'";
@@ -103,12 +119,7 @@ TEST_F(CliTune, PlotsAreWellFormedSvgWithLabelledAxes) {
     auto path = report_dir() / plot;
     ASSERT_TRUE(std::filesystem::exists(path)) << plot;
     EXPECT_NE(markdown.find(plot), std::string::npos) << plot;
-    // Opens: Python's XML parser reads it, and its root is an <svg>.
-    auto parsed = run({"/usr/bin/python3", "-c",
-                       "import sys, xml.etree.ElementTree as ET; root = ET.parse(sys.argv[1]).getroot(); "
-                       "sys.exit(0 if root.tag.endswith('svg') else 1)",
-                       path.string()});
-    EXPECT_EQ(parsed.exit_code, 0) << plot << ": " << parsed.err;
+    EXPECT_TRUE(opens_as_svg(path));
   }
   // Axes carry their units.
   EXPECT_NE(read_file(report_dir() / "batch-size.svg").find("batch size (samples)"), std::string::npos);
@@ -129,7 +140,60 @@ TEST_F(CliTune, BatchSizesPredictedAboveTheMemoryBudgetAreNotTried) {
   EXPECT_GT(batch_trials, 0);
 }
 
+// Each trial changes one setting of the best recipe so far and is adopted only when it beats it:
+// in fewer samples to the target, or in more than 5% less time (when it changes a sample's cost).
+TEST_F(CliTune, TimeToAccuracySearchesTheRecipeOnAValidationSplitAndMeasuresItOnTheTestSet) {
+  auto result = tune({{"--objective", "time-to-accuracy"}, {"--target-accuracy", "0.95"}, {"--lr-find", ""},
+                      {"--time-budget", "60"}});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  auto report = read_json(report_dir() / "tune.json");
+  EXPECT_EQ(report.at("objective"), "time-to-accuracy");
+  const auto& trials = report.at("recipe_trials");
+  ASSERT_GT(trials.size(), 3u) << report.dump(2);
+  ASSERT_EQ(trials[0].at("change"), "baseline");
+  ASSERT_FALSE(trials[0].at("seconds_to_target").is_null()) << "the synthetic set reaches 95%: " << trials[0].dump();
+  nlohmann::json best = trials[0];
+  for (const auto& trial : trials) {
+    EXPECT_EQ(trial.at("evaluated_on"), "validation") << "the search never sees the test set";
+    if (trial.at("change") == "baseline" || trial.at("seconds_to_target").is_null()) continue;
+    const bool fewer_samples = trial.at("samples_to_target") < best.at("samples_to_target");
+    const bool faster = trial.at("seconds_to_target").get<double>() < 0.95 * best.at("seconds_to_target").get<double>();
+    if (trial.at("verdict") == "adopted") {
+      EXPECT_TRUE(fewer_samples || faster) << trial.dump() << " over " << best.dump();
+      best = trial;
+    } else {
+      EXPECT_FALSE(fewer_samples && faster) << trial.dump() << " over " << best.dump();
+    }
+  }
+  // The recommendation is the best trial's recipe.
+  const auto recommended = report.at("recommended").get<std::string>(), winner = best.at("config").get<std::string>();
+  for (const char* field : {"lr", "epochs", "batch_size", "schedule", "nesterov", "warmup_steps", "weight_decay",
+                            "augment", "precision"}) {
+    EXPECT_EQ(toml_value(recommended, field), toml_value(winner, field)) << field;
+  }
+  const auto& on_test = report.at("on_test");
+  ASSERT_GE(on_test.size(), 1u);
+  EXPECT_EQ(on_test[0].at("change"), "baseline");
+  for (const auto& run : on_test) EXPECT_EQ(run.at("evaluated_on"), "test");
+
+  const auto& lr_find = report.at("lr_find");
+  EXPECT_DOUBLE_EQ(lr_find.at("suggestion").get<double>(), lr_find.at("min_loss_lr").get<double>() / 10);
+  auto markdown = read_file(report_dir() / "report.md");
+  for (const char* plot : {"recipe.svg", "accuracy-time.svg", "lr-find.svg"}) {
+    EXPECT_TRUE(opens_as_svg(report_dir() / plot));
+    EXPECT_NE(markdown.find(plot), std::string::npos) << plot;
+  }
+  EXPECT_TRUE(Contains(read_file(report_dir() / "accuracy-time.svg"), "test accuracy (%)"));
+  EXPECT_TRUE(Contains(read_file(report_dir() / "accuracy-time.svg"), "(s)"));
+  EXPECT_TRUE(Contains(read_file(report_dir() / "lr-find.svg"), "learning rate (log scale)"));
+
+  auto run = run_cli({"train", "--config", (report_dir() / "recommended.toml").string(), "--data", dir_.path().string(),
+                      "--max-steps", "2", "--progress", "none"});
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+}
+
 TEST_F(CliTune, BadOptionsAreOneLine) {
+  EXPECT_TRUE(fails_with(tune({{"--objective", "time-to-accuracy"}}), 2, {"--target-accuracy"}));
   EXPECT_TRUE(fails_with(tune({{"--time-budget", "-3"}}), 2, {"--time-budget"}));
   EXPECT_TRUE(fails_with(tune({{"--objective", "accuracy"}}), 2, {"--objective"}));
   EXPECT_TRUE(fails_with(run_cli({"tune", "--model", "mlp"}), 2, {"--report"}));

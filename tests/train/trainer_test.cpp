@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <csignal>
+#include <optional>
 
 #include "afterburner/core/error.h"
 #include "afterburner/core/threads.h"
@@ -89,6 +90,25 @@ TEST(Trainer, AccumulationMatchesOneLargeBatch) {
   small.trainer(TrainerOptions().max_steps(2).accumulate(2), sgd, "constant").fit();
   auto a = snapshot(*large.model), b = snapshot(*small.model);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-5, 1e-6)) << i;
+}
+
+// A range test sets each step's learning rate; the next step without one follows the schedule.
+TEST(Trainer, AStepsLearningRateOverridesTheScheduleForThatStepOnly) {
+  Harness s(quadrant_dataset(64, 4));
+  auto trainer = s.trainer(TrainerOptions(), OptimizerOptions().lr(0.05).momentum(0).weight_decay(0), "constant");
+  for (std::optional<double> lr : {std::optional<double>(0.5), std::optional<double>()}) {
+    data::Batch batch = *s.train.epoch(0).begin();
+    trainer.forward_backward(batch);
+    auto before = snapshot(*s.model);
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : s.model->parameters()) grads.push_back(p.grad().clone());
+    trainer.optimizer_step(lr);
+    auto after = snapshot(*s.model);
+    // Plain SGD: p <- p - lr * grad.
+    for (size_t i = 0; i < after.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(after[i], before[i] - lr.value_or(0.05) * grads[i], 1e-6, 1e-7)) << i;
+    }
+  }
 }
 
 // With plain SGD at lr 1 the update is the clipped gradient itself, so its norm is the bound.

@@ -16,6 +16,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include "afterburner/data/dataset.h"
+#include "afterburner/train/callbacks.h"
 #include "afterburner/train/config.h"
 #include "afterburner/train/report.h"
 
@@ -55,6 +56,13 @@ class TrainingSession {
   // `warmup` untimed optimizer steps, then `steps` timed ones, over fresh epochs of the training
   // loader, with the session's threads; training continues from where the last call left it.
   StepMeasurement measure_steps(int64_t warmup, int64_t steps);
+
+  // One optimizer step at each learning rate of `lrs` in turn (a range test), as measure_steps()
+  // runs them; returns each step's mean training loss, ending early after the first that is not
+  // finite.
+  std::vector<double> losses_at(const std::vector<double>& lrs);
+
+  void add_callback(CallbackPtr callback);  // observes fit()
 
   const TrainConfig& config() const;
   torch::nn::Sequential exportable_model() const;  // the model as built, sharing the trained parameters

@@ -17,6 +17,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,9 +72,10 @@ class Trainer {
   // Forward (under autocast) and backward of one micro-batch; returns its (unscaled) loss, and
   // skips the backward when that loss is not finite.
   double forward_backward(const data::Batch& batch);
-  // Sets the step's learning rate, clips, steps (unless the scaler finds inf/NaN), clears the
-  // gradients and counts the step in state().step; false if the step was skipped.
-  bool optimizer_step();
+  // Sets the step's learning rate (the schedule's, or `lr` for a range test), clips, steps (unless
+  // the scaler finds inf/NaN), clears the gradients and counts the step in state().step; false if
+  // the step was skipped.
+  bool optimizer_step(std::optional<double> lr = std::nullopt);
 
   const TrainState& state() const { return state_; }
   torch::nn::Sequential& model() { return model_; }

@@ -1,7 +1,12 @@
-// Which training techniques make *this* model faster on *this* machine: short trials of every
-// technique that applies, each measured against the user's configuration in alternating pairs
-// (median with min and max), the batch size's throughput knee under a memory budget, and a
-// recommended configuration, measured against the best single technique in the same run.
+// Which training techniques and which recipe make *this* model good enough soonest on *this*
+// machine. Two objectives:
+// - throughput: short trials of every technique that applies, each measured against the user's
+//   configuration in alternating pairs (median with min and max), batch sizes under a memory
+//   budget, and a recommended configuration measured against the best single technique;
+// - time to accuracy: a search over the recipe (learning rate, schedule length, batch size,
+//   momentum, warm-up, weight decay, augmentation, precision), each trial trained to the target on
+//   a validation split held out of the training set, and the result measured on the test set.
+// Either can start with a learning-rate range test (lr_find.h).
 //
 //   afterburner::train::TrainConfig base;          // the user's options, e.g. from the CLI
 //   auto result = afterburner::tune::tune_throughput(base, afterburner::tune::TuneOptions().time_budget(300));
@@ -14,12 +19,15 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "afterburner/train/config.h"
+#include "afterburner/train/report.h"
+#include "afterburner/tune/lr_find.h"
 
 namespace afterburner::tune {
 
@@ -30,6 +38,8 @@ struct TuneOptions {
   TORCH_ARG(int64_t, rounds) = 3;             // alternating pairs per trial
   TORCH_ARG(double, memory_budget_mb) = 0;    // 0 = no limit; batch sizes predicted above it are not tried
   TORCH_ARG(bool, check_accuracy) = true;     // false: never recommend what changes numerics
+  TORCH_ARG(bool, lr_find) = false;           // run the range test first, within the budget
+  TORCH_ARG(LrFindOptions, lr_find_options) = LrFindOptions();
   TORCH_ARG(StopFlag, stop) = nullptr;  // set (e.g. by SIGINT) to end after the current measurement
   TORCH_ARG(std::function<void(const std::string&)>, log) = nullptr;  // a line per finished trial
 };
@@ -59,7 +69,21 @@ struct AccuracyCheck {
   bool passed = false;  // accuracy >= fp32_accuracy - 0.005
 };
 
+// A recipe trained until it reaches the target accuracy, or until it can no longer beat the best.
+struct RecipeTrial {
+  std::string change;              // e.g. "lr=0.2", or "baseline"
+  train::TrainConfig config;
+  std::string evaluated_on;        // "validation" while searching, "test" for the final figures
+  std::optional<double> seconds_to_target;  // training time, evaluation excluded
+  std::optional<int64_t> samples_to_target;
+  double best_accuracy = 0;
+  double train_seconds = 0;        // of the whole trial
+  std::vector<train::EvalPoint> evaluations;
+  std::string verdict;             // "adopted", "not faster", "not reached: ...", "baseline"
+};
+
 struct TuneResult {
+  std::string objective = "throughput";  // or "time-to-accuracy"
   train::TrainConfig baseline;
   train::TrainConfig recommended;
   std::vector<Trial> trials;
@@ -70,11 +94,25 @@ struct TuneResult {
   std::vector<std::string> notes;   // what was skipped, and why
   std::vector<AccuracyCheck> accuracy_checks;  // of each recommendation considered that changes numerics
   bool interrupted = false;
+  std::optional<LrFindResult> lr_find;
+  // time to accuracy: the search's trials on the validation split, in order, and the baseline's
+  // and the recommendation's final runs on the test set.
+  std::vector<RecipeTrial> recipe_trials;
+  std::vector<RecipeTrial> on_test;
 
   nlohmann::json to_json() const;
 };
 
 TuneResult tune_throughput(const train::TrainConfig& base, const TuneOptions& options);
+
+// Single runs of one recipe differ by up to this much in training time here: a change that alters
+// the cost of a sample (batch size, precision, augmentation) must reach the target faster by more
+// than this; any other is judged by samples to the target, a count free of timing noise.
+inline constexpr double kRecipeNoise = 0.05;
+
+// Needs base.target_accuracy. Trials evaluate on base.validation_split of the training set (0.1
+// when not set); a trial stops once it runs past the best time so far.
+TuneResult tune_time_to_accuracy(const train::TrainConfig& base, const TuneOptions& options);
 
 // The terminal table: technique, setting, samples/s median [min-max], speedup, peak memory, verdict.
 std::string format_table(const TuneResult& result);
