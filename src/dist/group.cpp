@@ -1,0 +1,130 @@
+#include "afterburner/dist/group.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <thread>
+
+namespace afterburner::dist {
+namespace {
+
+// Python's names (torch/distributed/distributed_c10d.py at 1.13): the default group's store
+// prefix, the first group's name, and the key of the barrier that ends init_process_group.
+constexpr const char* kDefaultGroupPrefix = "default_pg";
+constexpr const char* kFirstGroupName = "0";
+constexpr const char* kInitBarrierKey = "store_based_barrier_key:1";
+
+std::optional<std::string> variable(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+int64_t integer_variable(const char* name, int64_t fallback) {
+  auto text = variable(name);
+  if (!text) return fallback;
+  try {
+    size_t used = 0;
+    int64_t value = std::stoll(*text, &used);
+    if (used == text->size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(name, fmt::format("expected an integer, got '{}'", *text));
+}
+
+void check(const GroupOptions& o) {
+  if (o.world_size() < 1) throw UsageError("world size", fmt::format("must be at least 1 (got {})", o.world_size()));
+  if (o.rank() < 0 || o.rank() >= o.world_size()) {
+    throw UsageError("rank", fmt::format("{} is outside a world of {} (ranks 0 to {})", o.rank(), o.world_size(),
+                                         o.world_size() - 1));
+  }
+  if (o.master_port() < 1 || o.master_port() > 65535) {
+    throw UsageError("master port", fmt::format("{} is not a TCP port (1 to 65535)", o.master_port()));
+  }
+}
+
+// The first line of a c10d error, without LibTorch's backtrace.
+std::string reason_of(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string reason = c10_error ? c10_error->what_without_backtrace() : e.what();
+  return reason.substr(0, reason.find('\n'));
+}
+
+std::string address(const GroupOptions& o) { return fmt::format("{}:{}", o.master_addr(), o.master_port()); }
+
+c10::intrusive_ptr<c10d::Store> connect_store(const GroupOptions& o) {
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(o.master_port());
+  store_options.isServer = !o.agent_store() && o.rank() == 0;
+  store_options.numWorkers = static_cast<std::size_t>(o.world_size());
+  store_options.waitWorkers = true;
+  store_options.timeout = o.timeout();
+  store_options.multiTenant = !o.agent_store();
+  try {
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(o.master_addr(), store_options);
+    if (o.agent_store()) store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", o.restart_count()), store);
+    return c10::make_intrusive<c10d::PrefixStore>(kDefaultGroupPrefix, store);
+  } catch (const std::exception& e) {
+    if (reason_of(e).find("in use") != std::string::npos) {
+      throw DistError(fmt::format("{}: the rendezvous port is already in use (choose another with --master-port)", address(o)));
+    }
+    throw;
+  }
+}
+
+// init_process_group's last step: every rank adds itself to one key and waits for the world.
+void store_barrier(c10d::Store& store, const GroupOptions& o) {
+  store.add(kInitBarrierKey, 1);
+  const auto deadline = std::chrono::steady_clock::now() + o.timeout();
+  for (int64_t arrived = store.add(kInitBarrierKey, 0); arrived < o.world_size(); arrived = store.add(kInitBarrierKey, 0)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw DistError(fmt::format("{}: only {} of {} ranks joined within {} s", address(o), arrived, o.world_size(),
+                                  o.timeout().count() / 1000.0));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace
+
+std::optional<GroupOptions> options_from_environment() {
+  if (!variable("RANK") || !variable("WORLD_SIZE")) return std::nullopt;
+  GroupOptions o;
+  o.rank(integer_variable("RANK", 0)).world_size(integer_variable("WORLD_SIZE", 1));
+  o.master_addr(variable("MASTER_ADDR").value_or(o.master_addr()));
+  o.master_port(integer_variable("MASTER_PORT", o.master_port()));
+  o.agent_store(variable("TORCHELASTIC_USE_AGENT_STORE") == std::optional<std::string>("True"));
+  o.restart_count(integer_variable("TORCHELASTIC_RESTART_COUNT", 0));
+  check(o);
+  return o;
+}
+
+Group join_group(const GroupOptions& options) {
+  check(options);
+  Group group;
+  group.rank = options.rank();
+  group.world_size = options.world_size();
+  try {
+    group.store = connect_store(options);
+    auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout());
+    gloo->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    auto process_group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>(kFirstGroupName, group.store), static_cast<int>(options.rank()),
+        static_cast<int>(options.world_size()), gloo);
+    store_barrier(*group.store, options);
+    // Rank 0 sets the group's sequence number in the store and the others read it, as Python does.
+    process_group->setSequenceNumberForGroup();
+    group.process_group = process_group;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DistError(fmt::format("{}: rank {} of {} could not join the job within {} s: {}", address(options),
+                                options.rank(), options.world_size(), options.timeout().count() / 1000.0, reason_of(e)));
+  }
+  return group;
+}
+
+}  // namespace afterburner::dist

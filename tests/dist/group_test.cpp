@@ -1,0 +1,167 @@
+// Joining a job on c10d's TCPStore and ProcessGroupGloo: with a Python torch.distributed rank
+// (real processes, one group), torchrun's variables, and the errors a job can meet at start.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <future>
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "afterburner/dist/group.h"
+#include "testing.h"
+
+namespace afterburner::dist {
+namespace {
+
+// A listening TCP socket on a port the kernel chose; closing it frees the port for the test.
+class Listener {
+ public:
+  Listener() : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof address;
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&address), size), 0);
+    EXPECT_EQ(listen(fd_, 1), 0);
+    EXPECT_EQ(getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &size), 0);
+    port_ = ntohs(address.sin_port);
+  }
+  ~Listener() { close(); }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
+
+int unused_port() {
+  Listener listener;
+  return listener.port();
+}
+
+GroupOptions two_ranks(int port, int64_t rank) {
+  return GroupOptions().master_port(port).rank(rank).world_size(2).timeout(std::chrono::seconds(30));
+}
+
+// The C++ rank takes rank GetParam(), a Python process the other; both sum arange(4) + 10 * rank
+// and receive rank 0's 7, 8, 9.
+class WithPython : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(WithPython, AllreduceAndBroadcastInOneGroup) {
+  const int port = unused_port();
+  const int64_t ours = GetParam(), theirs = 1 - ours;
+  auto python = std::async(std::launch::async, [&] {
+    return testing::run({"/usr/bin/python3", (testing::source_dir() / "tests/dist/python_peer.py").string(), "--port",
+                         std::to_string(port), "--rank", std::to_string(theirs), "--world-size", "2"});
+  });
+  Group group = join_group(two_ranks(port, ours));
+  EXPECT_EQ(group.rank, ours);
+  EXPECT_EQ(group.world_size, 2);
+  std::vector<torch::Tensor> summed{torch::arange(4, torch::kFloat) + 10.0 * double(ours)};
+  group.process_group->allreduce(summed)->wait();
+  std::vector<torch::Tensor> received{ours == 0 ? torch::tensor({7.0f, 8.0f, 9.0f}) : torch::zeros({3})};
+  c10d::BroadcastOptions from_rank_0;
+  from_rank_0.rootRank = 0;
+  group.process_group->broadcast(received, from_rank_0)->wait();
+
+  const auto expected_sum = 2 * torch::arange(4, torch::kFloat) + 10;
+  EXPECT_TRUE(torch::equal(summed[0], expected_sum)) << summed[0];
+  EXPECT_TRUE(torch::equal(received[0], torch::tensor({7.0f, 8.0f, 9.0f}))) << received[0];
+  auto result = python.get();
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  auto printed = nlohmann::json::parse(result.out);
+  EXPECT_EQ(printed.at("allreduce").get<std::vector<float>>(), std::vector<float>({10, 12, 14, 16}));
+  EXPECT_EQ(printed.at("broadcast").get<std::vector<float>>(), std::vector<float>({7, 8, 9}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dist, WithPython, ::testing::Values(0, 1), [](const auto& info) {
+  return info.param == 0 ? std::string("AfterburnerServesTheStore") : std::string("PythonServesTheStore");
+});
+
+TEST(Group, ASingleRankJobSumsToItself) {
+  Group group = join_group(GroupOptions().master_port(unused_port()).world_size(1));
+  std::vector<torch::Tensor> tensors{torch::arange(5, torch::kFloat)};
+  group.process_group->allreduce(tensors)->wait();
+  EXPECT_TRUE(torch::equal(tensors[0], torch::arange(5, torch::kFloat)));
+}
+
+TEST(Group, ARankOutsideTheWorldIsAUsageErrorNamingIt) {
+  auto message = testing::error_message<UsageError>([] { join_group(GroupOptions().rank(2).world_size(2)); });
+  EXPECT_TRUE(testing::Contains(message, "rank: 2 is outside a world of 2"));
+  EXPECT_THROW(join_group(GroupOptions().master_port(70000)), UsageError);
+  EXPECT_THROW(join_group(GroupOptions().world_size(0)), UsageError);
+}
+
+TEST(Group, APortInUseIsOneClearLine) {
+  Listener taken;
+  auto message = testing::error_message<DistError>([&] { join_group(GroupOptions().master_port(taken.port())); });
+  EXPECT_TRUE(testing::Contains(message, fmt::format("127.0.0.1:{}", taken.port())));
+  EXPECT_TRUE(testing::Contains(message, "already in use"));
+  EXPECT_EQ(message.find('\n'), std::string::npos);
+}
+
+// A peer that never comes ends the wait after the timeout, with the address in the message.
+TEST(Group, AJobThatDoesNotAssembleFailsAfterTheTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  auto message = testing::error_message<DistError>([] {
+    join_group(GroupOptions().master_port(unused_port()).world_size(2).timeout(std::chrono::seconds(2)));
+  });
+  EXPECT_TRUE(testing::Contains(message, "127.0.0.1:"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << "a hang guard, not a speed claim";
+}
+
+// Scoped environment variables.
+class Environment {
+ public:
+  void set(const char* name, const char* value) {
+    names_.push_back(name);
+    setenv(name, value, 1);
+  }
+  ~Environment() {
+    for (const auto& name : names_) unsetenv(name.c_str());
+  }
+
+ private:
+  std::vector<std::string> names_;
+};
+
+TEST(Group, TorchrunsVariablesGiveTheOptions) {
+  {
+    Environment none;
+    EXPECT_FALSE(options_from_environment().has_value());
+  }
+  Environment env;
+  env.set("RANK", "1");
+  env.set("WORLD_SIZE", "4");
+  env.set("MASTER_ADDR", "10.0.0.7");
+  env.set("MASTER_PORT", "29400");
+  env.set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  env.set("TORCHELASTIC_RESTART_COUNT", "2");
+  auto options = options_from_environment();
+  ASSERT_TRUE(options.has_value());
+  EXPECT_EQ(options->rank(), 1);
+  EXPECT_EQ(options->world_size(), 4);
+  EXPECT_EQ(options->master_addr(), "10.0.0.7");
+  EXPECT_EQ(options->master_port(), 29400);
+  EXPECT_TRUE(options->agent_store());
+  EXPECT_EQ(options->restart_count(), 2);
+  env.set("RANK", "one");
+  EXPECT_TRUE(testing::Contains(testing::error_message<UsageError>([] { options_from_environment(); }), "RANK: expected an integer"));
+  env.set("RANK", "4");
+  EXPECT_TRUE(testing::Contains(testing::error_message<UsageError>([] { options_from_environment(); }), "outside a world of 4"));
+}
+
+}  // namespace
+}  // namespace afterburner::dist
