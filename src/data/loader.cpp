@@ -40,6 +40,21 @@ torch::Tensor shuffled_order(int64_t size, uint64_t seed) {
 
 }  // namespace
 
+torch::Tensor sharded_order(int64_t size, const Shard& shard, bool shuffle, uint64_t seed, int64_t epoch) {
+  if (shard.count() < 1 || shard.rank() < 0 || shard.rank() >= shard.count()) {
+    throw UsageError("shard", fmt::format("rank {} is outside {} shards", shard.rank(), shard.count()));
+  }
+  torch::Tensor order = torch::arange(size, torch::kLong);
+  if (shuffle) order = torch::randperm(size, at::detail::createCPUGenerator(seed + static_cast<uint64_t>(epoch)), torch::kLong);
+  const int64_t count = shard.count();
+  const int64_t total = shard.drop_uneven() ? size / count * count : (size + count - 1) / count * count;
+  if (total > size && size > 0) {
+    // DistributedSampler pads with the order's start, repeated as often as the padding needs.
+    order = torch::cat({order, order.repeat({(total - size + size - 1) / size}).slice(0, 0, total - size)});
+  }
+  return order.slice(/*dim=*/0, /*start=*/shard.rank(), /*end=*/total, /*step=*/count).contiguous();
+}
+
 // The dataset, options and transform, plus the worker pool filling a window of
 // prefetch * workers batch slots ahead of the consumer.
 class LoaderCore {
@@ -58,15 +73,13 @@ class LoaderCore {
   }
   ~LoaderCore() { stop(); }
 
-  int64_t batches_per_epoch() const { return batches_in(dataset_->size(), options_); }
+  int64_t batches_per_epoch() const { return batches_in(samples_per_epoch(), options_); }
 
   // Makes `epoch` the active one, superseding any other.
   std::shared_ptr<const EpochPlan> start(int64_t epoch, int64_t start_batch) {
     const uint64_t epoch_seed = derive_seed(options_.seed(), static_cast<uint64_t>(epoch));
-    const int64_t size = dataset_->size();
-    auto plan = std::make_shared<const EpochPlan>(EpochPlan{
-        epoch, options_.shuffle() ? shuffled_order(size, derive_seed(epoch_seed, 0)) : torch::arange(size, torch::kLong),
-        derive_seed(epoch_seed, 1), start_batch, batches_per_epoch()});
+    auto plan = std::make_shared<const EpochPlan>(EpochPlan{epoch, order_of(epoch, epoch_seed), transform_seed_of(epoch_seed),
+                                                            start_batch, batches_per_epoch()});
     std::lock_guard<std::mutex> lock(mutex_);
     activate(plan);
     return plan;
@@ -116,6 +129,25 @@ class LoaderCore {
     std::optional<Batch> value;
     std::exception_ptr error;
   };
+
+  int64_t samples_per_epoch() const {
+    const int64_t size = dataset_->size();
+    if (!options_.shard()) return size;
+    const auto& shard = *options_.shard();
+    return shard.drop_uneven() ? size / shard.count() : (size + shard.count() - 1) / shard.count();
+  }
+
+  torch::Tensor order_of(int64_t epoch, uint64_t epoch_seed) const {
+    const int64_t size = dataset_->size();
+    if (options_.shard()) return sharded_order(size, *options_.shard(), options_.shuffle(), options_.seed(), epoch);
+    return options_.shuffle() ? shuffled_order(size, derive_seed(epoch_seed, 0)) : torch::arange(size, torch::kLong);
+  }
+
+  // Each rank's augmentation draws its own numbers.
+  uint64_t transform_seed_of(uint64_t epoch_seed) const {
+    const int64_t rank = options_.shard() ? options_.shard()->rank() : 0;
+    return rank == 0 ? derive_seed(epoch_seed, 1) : derive_seed(derive_seed(epoch_seed, 1), static_cast<uint64_t>(rank));
+  }
 
   Slot& slot_of(int64_t batch) { return slots_[batch % static_cast<int64_t>(slots_.size())]; }
 

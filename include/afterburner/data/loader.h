@@ -15,11 +15,26 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "afterburner/data/dataset.h"
 #include "afterburner/data/transforms.h"
 
 namespace afterburner::data {
+
+// Data-parallel sharding as torch.utils.data.DistributedSampler(num_replicas=count, rank, shuffle,
+// seed, drop_last=drop_uneven) does it: each epoch's order is torch.randperm(size) from a CPU
+// generator seeded with seed + epoch (0 .. size-1 without shuffle), padded by repeating its start
+// up to a multiple of `count` (or, dropping the uneven tail, cut down to one), and rank r takes
+// positions r, r + count, r + 2 count, ...: the ranks' shards are disjoint and cover the epoch.
+struct Shard {
+  TORCH_ARG(int64_t, rank) = 0;
+  TORCH_ARG(int64_t, count) = 1;
+  TORCH_ARG(bool, drop_uneven) = false;
+};
+
+// The sample indices of `shard` in `epoch` (UsageError for a rank outside the count).
+torch::Tensor sharded_order(int64_t size, const Shard& shard, bool shuffle, uint64_t seed, int64_t epoch);
 
 struct LoaderOptions {
   TORCH_ARG(int64_t, batch_size) = 128;
@@ -33,6 +48,9 @@ struct LoaderOptions {
   TORCH_ARG(uint64_t, seed) = 0;
   // Makes a 4-D input channels_last contiguous.
   TORCH_ARG(bool, channels_last) = false;
+  // This rank's shard of every epoch, in DistributedSampler's order; none: all samples, in the
+  // loader's own seeded order.
+  TORCH_ARG(std::optional<Shard>, shard) = std::nullopt;
 };
 
 class LoaderCore;
