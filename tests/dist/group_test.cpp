@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "afterburner/dist/group.h"
+#include "ports.h"
 #include "testing.h"
 
 namespace afterburner::dist {
@@ -46,10 +47,6 @@ class Listener {
   int port_ = 0;
 };
 
-int unused_port() {
-  Listener listener;
-  return listener.port();
-}
 
 GroupOptions two_ranks(int port, int64_t rank) {
   return GroupOptions().master_port(port).rank(rank).world_size(2).timeout(std::chrono::seconds(30));
@@ -164,4 +161,10 @@ TEST(Group, TorchrunsVariablesGiveTheOptions) {
 }
 
 }  // namespace
+
+int unused_port() {
+  Listener listener;
+  return listener.port();
+}
+
 }  // namespace afterburner::dist

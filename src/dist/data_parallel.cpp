@@ -1,0 +1,71 @@
+#include "afterburner/dist/data_parallel.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/logger.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include <unordered_map>
+
+namespace afterburner::dist {
+namespace {
+
+constexpr size_t kMiB = 1 << 20;
+constexpr size_t kBroadcastBucketBytes = 250 * kMiB;  // Python's _sync_module_states
+
+}  // namespace
+
+// The Reducer and its Logger, built as torch/nn/parallel/distributed.py (1.13) builds them.
+struct DataParallel::Engine {
+  std::shared_ptr<c10d::Reducer> reducer;
+  std::shared_ptr<c10d::Logger> logger;  // the Reducer uses it on one path without a null check
+};
+
+DataParallel::DataParallel(torch::nn::Module& model, const Group& group, const DataParallelOptions& options)
+    : engine_(std::make_unique<Engine>()) {
+  std::vector<at::Tensor> parameters;
+  std::unordered_map<size_t, std::string> names;
+  for (const auto& item : model.named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    names[parameters.size()] = item.key();
+    parameters.push_back(item.value());
+  }
+  try {
+    c10d::verify_params_across_processes(group.process_group, parameters, c10::nullopt);
+  } catch (const std::exception& e) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    std::string reason = c10_error ? c10_error->what_without_backtrace() : e.what();
+    throw DistError(fmt::format("rank {}: its model differs from rank 0's: {}", group.rank, reason.substr(0, reason.find('\n'))));
+  }
+  std::vector<at::Tensor> states = parameters;
+  for (const auto& buffer : model.buffers()) states.push_back(buffer);
+  {
+    torch::NoGradGuard no_grad;
+    c10d::broadcast_coalesced(group.process_group, states, kBroadcastBucketBytes, /*rank=*/0);
+  }
+  const size_t bucket_bytes = static_cast<size_t>(options.bucket_mb()) * kMiB;
+  const size_t first_bucket_bytes = static_cast<size_t>(options.first_bucket_mb()) * kMiB;
+  auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(parameters, {first_bucket_bytes, bucket_bytes},
+                                                                    std::vector<bool>(parameters.size(), false));
+  // Gradients are ready from the last layer backwards: the reversed buckets fill in that order.
+  std::reverse(buckets.begin(), buckets.end());
+  std::reverse(limits.begin(), limits.end());
+  engine_->reducer = std::make_shared<c10d::Reducer>(
+      parameters, buckets, limits, group.process_group, std::vector<bool>(parameters.size(), false),
+      static_cast<int64_t>(bucket_bytes), /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/false, names,
+      static_cast<int64_t>(first_bucket_bytes));
+  engine_->logger = std::make_shared<c10d::Logger>(engine_->reducer);
+  engine_->reducer->set_logger(engine_->logger);
+}
+
+DataParallel::~DataParallel() = default;
+
+void DataParallel::before_forward() {
+  engine_->reducer->prepare_for_forward();
+  // After the first step the buckets follow the order in which gradients became ready.
+  engine_->reducer->rebuild_buckets();
+}
+
+void DataParallel::before_backward() { engine_->reducer->prepare_for_backward({}); }
+
+}  // namespace afterburner::dist
