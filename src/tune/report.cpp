@@ -42,8 +42,8 @@ nlohmann::json trial_json(const Trial& t) {
 }
 
 std::string table_row(const Trial& t) {
-  if (t.samples_per_sec.median <= 0) return fmt::format("{:<22} {:<34} {}\n", t.technique, t.setting, t.verdict);
-  return fmt::format("{:<22} {:<34} {:>7.0f} [{:>6.0f}-{:>6.0f}] {:>6.2f}x [{:.2f}-{:.2f}] {:>8.0f}  {}{}\n", t.technique,
+  if (t.samples_per_sec.median <= 0) return fmt::format("{:<24} {:<34} {}\n", t.technique, t.setting, t.verdict);
+  return fmt::format("{:<24} {:<34} {:>7.0f} [{:>6.0f}-{:>6.0f}] {:>6.2f}x [{:.2f}-{:.2f}] {:>8.0f}  {}{}\n", t.technique,
                      t.setting, t.samples_per_sec.median, t.samples_per_sec.min, t.samples_per_sec.max,
                      t.speedup.median, t.speedup.min, t.speedup.max, t.peak_tensor_mb, t.verdict,
                      t.changes_numerics ? " (changes numerics)" : "");
@@ -248,7 +248,7 @@ std::string format_table(const TuneResult& r) {
                         r.lr_find->min_loss_lr, r.lr_find->suggestion, r.lr_find->stop_reason);
   }
   if (r.objective == "throughput") {
-    text += fmt::format("{:<22} {:<34} {:>23} {:>19} {:>8}  {}\n", "technique", "setting", "samples/s [min-max]",
+    text += fmt::format("{:<24} {:<34} {:>23} {:>19} {:>8}  {}\n", "technique", "setting", "samples/s [min-max]",
                         "speedup [min-max]", "peak MB", "verdict");
     for (const auto& t : r.trials) text += table_row(t);
     if (r.final_comparison.samples_per_sec.median > 0) text += table_row(r.final_comparison);

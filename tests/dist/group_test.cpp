@@ -109,14 +109,14 @@ TEST(Group, APortInUseIsOneClearLine) {
   EXPECT_EQ(message.find('\n'), std::string::npos);
 }
 
-// A peer that never comes ends the wait after the timeout, with the address in the message.
+// A peer that never comes ends the wait after the timeout (ctest's own limit catches a hang), with
+// the address and the timeout in the message.
 TEST(Group, AJobThatDoesNotAssembleFailsAfterTheTimeout) {
-  const auto start = std::chrono::steady_clock::now();
   auto message = testing::error_message<DistError>([] {
     join_group(GroupOptions().master_port(unused_port()).world_size(2).timeout(std::chrono::seconds(2)));
   });
   EXPECT_TRUE(testing::Contains(message, "127.0.0.1:"));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << "a hang guard, not a speed claim";
+  EXPECT_TRUE(testing::Contains(message, "within 2 s"));
 }
 
 // Scoped environment variables.

@@ -72,7 +72,7 @@ TEST_F(CliTune, MeasuresEachTechniqueAgainstTheBaselineAndRecommendsAConfigTrain
     EXPECT_EQ(trial.at("verdict") == "slower", speedup.at("max").get<double>() < 1) << trial.dump();
   }
   for (const char* expected : {"precision", "fuse", "loader workers", "intra-op threads", "batch size",
-                               "gradient accumulation"}) {
+                               "gradient accumulation", "activation checkpointing", "sketching"}) {
     EXPECT_TRUE(techniques.count(expected)) << expected << " in " << report.dump(2);
   }
   EXPECT_EQ(techniques.count("layout"), 0u);  // mlp has no convolutions
