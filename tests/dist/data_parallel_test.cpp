@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <future>
 
 #include <fmt/format.h>
@@ -30,9 +31,9 @@ data::DatasetPtr quadrants() {
 }
 
 // Plain SGD over this rank's shard; `parallel` (if any) averages the gradients over the ranks.
-std::vector<torch::Tensor> train(const data::Shard& shard, int64_t accumulate, const Group* group) {
+std::vector<torch::Tensor> train(const data::Shard& shard, int64_t accumulate, const Group* group, int64_t classes = 4) {
   torch::manual_seed(shard.rank() + 1);  // different starts: DataParallel must broadcast rank 0's
-  auto model = models::make_model("mlp", models::ModelOptions().image_size(8).num_classes(4));
+  auto model = models::make_model("mlp", models::ModelOptions().image_size(8).num_classes(classes));
   std::unique_ptr<DataParallel> parallel;
   if (group) parallel = std::make_unique<DataParallel>(*model, *group);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
@@ -57,18 +58,41 @@ std::vector<torch::Tensor> train(const data::Shard& shard, int64_t accumulate, c
   return parameters;
 }
 
+std::string variable(const char* name, const char* fallback) {
+  const char* value = std::getenv(name);
+  return value ? value : fallback;
+}
+
 // The body of one rank, run by the parent test in a process of its own.
 TEST(DataParallelRank, Trains) {
-  const char* rank = std::getenv("AFTERBURNER_TEST_RANK");
-  if (rank == nullptr) GTEST_SKIP() << "a rank of DataParallel's tests, started by them";
+  if (std::getenv("AFTERBURNER_TEST_RANK") == nullptr) GTEST_SKIP() << "a rank of DataParallel's tests, started by them";
   auto group = join_group(GroupOptions()
-                              .master_port(std::atoi(std::getenv("AFTERBURNER_TEST_PORT")))
-                              .rank(std::atoi(rank))
+                              .master_port(std::stoi(variable("AFTERBURNER_TEST_PORT", "")))
+                              .rank(std::stoi(variable("AFTERBURNER_TEST_RANK", "")))
                               .world_size(2)
-                              .timeout(std::chrono::seconds(30)));
+                              .timeout(std::chrono::seconds(std::stoi(variable("AFTERBURNER_TEST_TIMEOUT", "30")))));
   auto shard = data::Shard().rank(group.rank).count(2);
-  auto parameters = train(shard, std::atoi(std::getenv("AFTERBURNER_TEST_ACCUMULATE")), &group);
-  torch::save(parameters, std::getenv("AFTERBURNER_TEST_OUTPUT"));
+  auto parameters = train(shard, std::stoi(variable("AFTERBURNER_TEST_ACCUMULATE", "1")), &group,
+                          std::stoi(variable("AFTERBURNER_TEST_CLASSES", "4")));
+  torch::save(parameters, variable("AFTERBURNER_TEST_OUTPUT", ""));
+}
+
+// Runs DataParallelRank.Trains as ranks 0 and 1, each in its own process, with `settings(rank)`
+// as its environment.
+std::vector<testing::CommandResult> run_ranks(const std::function<std::vector<std::string>(int)>& settings) {
+  std::vector<std::future<testing::CommandResult>> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.push_back(std::async(std::launch::async, [&, rank] {
+      std::vector<std::string> argv{"/usr/bin/env", fmt::format("AFTERBURNER_TEST_RANK={}", rank)};
+      for (const auto& setting : settings(rank)) argv.push_back(setting);
+      argv.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
+      argv.push_back("--gtest_filter=DataParallelRank.Trains");
+      return testing::run(argv);
+    }));
+  }
+  std::vector<testing::CommandResult> results;
+  for (auto& rank : ranks) results.push_back(rank.get());
+  return results;
 }
 
 class TwoRanks : public ::testing::TestWithParam<int64_t> {};
@@ -77,19 +101,12 @@ TEST_P(TwoRanks, EndAsOneProcessOfTheirTotalBatch) {
   const int64_t accumulate = GetParam();
   testing::TempDir dir;
   const int port = unused_port();
-  std::vector<std::future<testing::CommandResult>> ranks;
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks.push_back(std::async(std::launch::async, [&, rank] {
-      return testing::run({"/usr/bin/env", fmt::format("AFTERBURNER_TEST_RANK={}", rank),
-                           fmt::format("AFTERBURNER_TEST_PORT={}", port), fmt::format("AFTERBURNER_TEST_ACCUMULATE={}", accumulate),
-                           fmt::format("AFTERBURNER_TEST_OUTPUT={}", (dir / fmt::format("rank{}.pt", rank)).string()),
-                           std::filesystem::read_symlink("/proc/self/exe").string(), "--gtest_filter=DataParallelRank.Trains"});
-    }));
-  }
-  for (auto& rank : ranks) {
-    auto result = rank.get();
-    ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
-  }
+  auto results = run_ranks([&](int rank) {
+    return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_PORT={}", port),
+                                    fmt::format("AFTERBURNER_TEST_ACCUMULATE={}", accumulate),
+                                    fmt::format("AFTERBURNER_TEST_OUTPUT={}", (dir / fmt::format("rank{}.pt", rank)).string())};
+  });
+  for (const auto& result : results) ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
   // One process, batch 128 made of micro-batches of the ranks' size: one process alone already
   // ends 2e-6 apart after one step with micro-batches of 32 instead of 64 (the order of sums in
   // LibTorch's kernels), which 20 steps grow past 1e-5; with equal micro-batches the ranks match
@@ -104,6 +121,17 @@ TEST_P(TwoRanks, EndAsOneProcessOfTheirTotalBatch) {
           << "rank " << rank << " parameter " << i << ": " << (parameters[i] - reference[i]).abs().max().item<double>();
     }
   }
+}
+
+// A rank whose model has another shape stops the job at the start, saying so.
+TEST(DataParallel, RanksWithDifferentModelsFailAtTheStart) {
+  const int port = unused_port();
+  auto results = run_ranks([&](int rank) {
+    return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_PORT={}", port), "AFTERBURNER_TEST_TIMEOUT=10",
+                                    fmt::format("AFTERBURNER_TEST_CLASSES={}", rank == 0 ? 4 : 5)};
+  });
+  for (const auto& result : results) EXPECT_NE(result.exit_code, 0) << result.out << result.err;
+  EXPECT_TRUE(testing::Contains(results[1].out, "rank 1: its model differs from rank 0's")) << results[1].out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Dist, TwoRanks, ::testing::Values(1, 2), [](const auto& info) {
