@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
+#include <cstdlib>
 #include <unordered_map>
 
 namespace afterburner::dist {
@@ -12,6 +13,19 @@ namespace {
 
 constexpr size_t kMiB = 1 << 20;
 constexpr size_t kBroadcastBucketBytes = 250 * kMiB;  // Python's _sync_module_states
+
+// c10d's first line, with the parameter it names by index ("params[4] ...") named as the model
+// names it.
+std::string name_parameter(const std::exception& e, const std::unordered_map<size_t, std::string>& names) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string reason = c10_error ? c10_error->what_without_backtrace() : e.what();
+  reason = reason.substr(0, reason.find('\n'));
+  const auto at = reason.find("params[");
+  if (at == std::string::npos) return reason;
+  const auto index = std::strtoull(reason.c_str() + at + 7, nullptr, 10);
+  const auto name = names.find(index);
+  return name == names.end() ? reason : fmt::format("parameter '{}': {}", name->second, reason);
+}
 
 }  // namespace
 
@@ -33,9 +47,7 @@ DataParallel::DataParallel(torch::nn::Module& model, const Group& group, const D
   try {
     c10d::verify_params_across_processes(group.process_group, parameters, c10::nullopt);
   } catch (const std::exception& e) {
-    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-    std::string reason = c10_error ? c10_error->what_without_backtrace() : e.what();
-    throw DistError(fmt::format("rank {}: its model differs from rank 0's: {}", group.rank, reason.substr(0, reason.find('\n'))));
+    throw DistError(fmt::format("rank {}: its model differs from rank 0's: {}", group.rank, name_parameter(e, names)));
   }
   std::vector<at::Tensor> states = parameters;
   for (const auto& buffer : model.buffers()) states.push_back(buffer);

@@ -131,7 +131,8 @@ TEST(DataParallel, RanksWithDifferentModelsFailAtTheStart) {
                                     fmt::format("AFTERBURNER_TEST_CLASSES={}", rank == 0 ? 4 : 5)};
   });
   for (const auto& result : results) EXPECT_NE(result.exit_code, 0) << result.out << result.err;
-  EXPECT_TRUE(testing::Contains(results[1].out, "rank 1: its model differs from rank 0's")) << results[1].out;
+  EXPECT_TRUE(testing::Contains(results[1].out, "rank 1: its model differs from rank 0's: parameter '5.weight'"))
+      << results[1].out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Dist, TwoRanks, ::testing::Values(1, 2), [](const auto& info) {
