@@ -8,12 +8,14 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <tuple>
 
 #include <fmt/format.h>
 
 #include "afterburner/data/loader.h"
 #include "afterburner/dist/data_parallel.h"
 #include "afterburner/models/zoo.h"
+#include "afterburner/train/optim.h"
 #include "ports.h"
 #include "testing.h"
 
@@ -31,12 +33,16 @@ data::DatasetPtr quadrants() {
 }
 
 // Plain SGD over this rank's shard; `parallel` (if any) averages the gradients over the ranks.
-std::vector<torch::Tensor> train(const data::Shard& shard, int64_t accumulate, const Group* group, int64_t classes = 4) {
+// Plain SGD at lr 0.1, LibTorch's or (`flat`) afterburner's flat-buffer one, whose gradients are
+// views of one buffer that the Reducer must write through.
+std::vector<torch::Tensor> train(const data::Shard& shard, int64_t accumulate, const Group* group, int64_t classes = 4,
+                                 bool flat = false) {
   torch::manual_seed(shard.rank() + 1);  // different starts: DataParallel must broadcast rank 0's
   auto model = models::make_model("mlp", models::ModelOptions().image_size(8).num_classes(classes));
   std::unique_ptr<DataParallel> parallel;
   if (group) parallel = std::make_unique<DataParallel>(*model, *group);
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto sgd = train::make_optimizer(train::OptimizerOptions().lr(0.1).momentum(0).weight_decay(0).fused(flat),
+                                   model->parameters());
   const int64_t micro_batch = kBatch / shard.count() / accumulate;
   data::Loader loader(quadrants(), data::LoaderOptions().batch_size(micro_batch).workers(0).seed(5).shard(shard));
   int64_t micro = 0, steps = 0;
@@ -48,8 +54,8 @@ std::vector<torch::Tensor> train(const data::Shard& shard, int64_t accumulate, c
       if (parallel && last_micro_batch) parallel->before_backward();
       loss.backward();
       if (!last_micro_batch) continue;
-      sgd.step();
-      sgd.zero_grad();
+      sgd->step();
+      sgd->zero_grad();
       if (++steps == kSteps) break;
     }
   }
@@ -73,7 +79,7 @@ TEST(DataParallelRank, Trains) {
                               .timeout(std::chrono::seconds(std::stoi(variable("AFTERBURNER_TEST_TIMEOUT", "30")))));
   auto shard = data::Shard().rank(group.rank).count(2);
   auto parameters = train(shard, std::stoi(variable("AFTERBURNER_TEST_ACCUMULATE", "1")), &group,
-                          std::stoi(variable("AFTERBURNER_TEST_CLASSES", "4")));
+                          std::stoi(variable("AFTERBURNER_TEST_CLASSES", "4")), variable("AFTERBURNER_TEST_FLAT", "0") == "1");
   torch::save(parameters, variable("AFTERBURNER_TEST_OUTPUT", ""));
 }
 
@@ -95,15 +101,17 @@ std::vector<testing::CommandResult> run_ranks(const std::function<std::vector<st
   return results;
 }
 
-class TwoRanks : public ::testing::TestWithParam<int64_t> {};
+// (accumulation, flat optimizer)
+class TwoRanks : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
 
 TEST_P(TwoRanks, EndAsOneProcessOfTheirTotalBatch) {
-  const int64_t accumulate = GetParam();
+  const auto [accumulate, flat] = GetParam();
   testing::TempDir dir;
   const int port = unused_port();
   auto results = run_ranks([&](int rank) {
     return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_PORT={}", port),
                                     fmt::format("AFTERBURNER_TEST_ACCUMULATE={}", accumulate),
+                                    fmt::format("AFTERBURNER_TEST_FLAT={}", flat ? 1 : 0),
                                     fmt::format("AFTERBURNER_TEST_OUTPUT={}", (dir / fmt::format("rank{}.pt", rank)).string())};
   });
   for (const auto& result : results) ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
@@ -111,7 +119,7 @@ TEST_P(TwoRanks, EndAsOneProcessOfTheirTotalBatch) {
   // ends 2e-6 apart after one step with micro-batches of 32 instead of 64 (the order of sums in
   // LibTorch's kernels), which 20 steps grow past 1e-5; with equal micro-batches the ranks match
   // it to about 1e-8.
-  auto reference = train(data::Shard(), accumulate * 2, nullptr);
+  auto reference = train(data::Shard(), accumulate * 2, nullptr, 4, flat);
   for (int rank = 0; rank < 2; ++rank) {
     std::vector<torch::Tensor> parameters;
     torch::load(parameters, (dir / fmt::format("rank{}.pt", rank)).string());
@@ -135,9 +143,11 @@ TEST(DataParallel, RanksWithDifferentModelsFailAtTheStart) {
       << results[1].out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Dist, TwoRanks, ::testing::Values(1, 2), [](const auto& info) {
-  return info.param == 1 ? std::string("EachStep") : std::string("AccumulatingTwoMicroBatches");
-});
+INSTANTIATE_TEST_SUITE_P(Dist, TwoRanks, ::testing::Combine(::testing::Values(1, 2), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) == 1 ? "EachStep" : "AccumulatingTwoMicroBatches") +
+                                  (std::get<1>(info.param) ? "FlatSgd" : "LibTorchSgd");
+                         });
 
 }  // namespace
 }  // namespace afterburner::dist
