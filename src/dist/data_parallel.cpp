@@ -8,18 +8,18 @@
 #include <cstdlib>
 #include <unordered_map>
 
+#include "c10d_error.h"
+
 namespace afterburner::dist {
 namespace {
 
 constexpr size_t kMiB = 1 << 20;
 constexpr size_t kBroadcastBucketBytes = 250 * kMiB;  // Python's _sync_module_states
 
-// c10d's first line, with the parameter it names by index ("params[4] ...") named as the model
+// c10d's message, with the parameter it names by index ("params[4] ...") named as the model
 // names it.
 std::string name_parameter(const std::exception& e, const std::unordered_map<size_t, std::string>& names) {
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  std::string reason = c10_error ? c10_error->what_without_backtrace() : e.what();
-  reason = reason.substr(0, reason.find('\n'));
+  const std::string reason = first_line(e);
   const auto at = reason.find("params[");
   if (at == std::string::npos) return reason;
   const auto index = std::strtoull(reason.c_str() + at + 7, nullptr, 10);

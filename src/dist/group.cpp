@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <thread>
 
+#include "c10d_error.h"
+
 namespace afterburner::dist {
 namespace {
 
@@ -46,13 +48,6 @@ void check(const GroupOptions& o) {
   }
 }
 
-// The first line of a c10d error, without LibTorch's backtrace.
-std::string reason_of(const std::exception& e) {
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  std::string reason = c10_error ? c10_error->what_without_backtrace() : e.what();
-  return reason.substr(0, reason.find('\n'));
-}
-
 std::string address(const GroupOptions& o) { return fmt::format("{}:{}", o.master_addr(), o.master_port()); }
 
 c10::intrusive_ptr<c10d::Store> connect_store(const GroupOptions& o) {
@@ -68,7 +63,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const GroupOptions& o) {
     if (o.agent_store()) store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", o.restart_count()), store);
     return c10::make_intrusive<c10d::PrefixStore>(kDefaultGroupPrefix, store);
   } catch (const std::exception& e) {
-    if (reason_of(e).find("in use") != std::string::npos) {
+    if (first_line(e).find("in use") != std::string::npos) {
       throw DistError(fmt::format("{}: the rendezvous port is already in use (choose another with --master-port)", address(o)));
     }
     throw;
@@ -122,7 +117,7 @@ Group join_group(const GroupOptions& options) {
     throw;
   } catch (const std::exception& e) {
     throw DistError(fmt::format("{}: rank {} of {} could not join the job within {} s: {}", address(options),
-                                options.rank(), options.world_size(), options.timeout().count() / 1000.0, reason_of(e)));
+                                options.rank(), options.world_size(), options.timeout().count() / 1000.0, first_line(e)));
   }
   return group;
 }
