@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -32,31 +33,37 @@ data::DatasetPtr quadrants() {
   return std::make_shared<data::TensorDataset>(images, labels);
 }
 
-// Plain SGD over this rank's shard; `parallel` (if any) averages the gradients over the ranks.
-// Plain SGD at lr 0.1, LibTorch's or (`flat`) afterburner's flat-buffer one, whose gradients are
-// views of one buffer that the Reducer must write through.
-std::vector<torch::Tensor> train(const data::Shard& shard, int64_t accumulate, const Group* group, int64_t classes = 4,
-                                 bool flat = false) {
+struct TrainingRun {
+  int64_t accumulate = 1;
+  int64_t classes = 4;
+  bool flat = false;             // afterburner's flat-buffer SGD: gradients are views the Reducer writes through
+  int64_t steps = kSteps;
+  int64_t kill_at_step = -1;     // this rank kills itself with SIGKILL there, as `kill -9` would
+};
+
+// Plain SGD at lr 0.1 over this rank's shard; `group` (if any) averages the gradients over the ranks.
+std::vector<torch::Tensor> train(const data::Shard& shard, const TrainingRun& run, const Group* group) {
   torch::manual_seed(shard.rank() + 1);  // different starts: DataParallel must broadcast rank 0's
-  auto model = models::make_model("mlp", models::ModelOptions().image_size(8).num_classes(classes));
+  auto model = models::make_model("mlp", models::ModelOptions().image_size(8).num_classes(run.classes));
   std::unique_ptr<DataParallel> parallel;
   if (group) parallel = std::make_unique<DataParallel>(*model, *group);
-  auto sgd = train::make_optimizer(train::OptimizerOptions().lr(0.1).momentum(0).weight_decay(0).fused(flat),
+  auto sgd = train::make_optimizer(train::OptimizerOptions().lr(0.1).momentum(0).weight_decay(0).fused(run.flat),
                                    model->parameters());
-  const int64_t micro_batch = kBatch / shard.count() / accumulate;
+  const int64_t micro_batch = kBatch / shard.count() / run.accumulate;
   data::Loader loader(quadrants(), data::LoaderOptions().batch_size(micro_batch).workers(0).seed(5).shard(shard));
   int64_t micro = 0, steps = 0;
-  for (int64_t epoch = 0; steps < kSteps; ++epoch) {
+  for (int64_t epoch = 0; steps < run.steps; ++epoch) {
     for (auto& batch : loader.epoch(epoch)) {
+      if (steps == run.kill_at_step) std::raise(SIGKILL);
       if (parallel) parallel->before_forward();
-      auto loss = torch::nn::functional::cross_entropy(model->forward(batch.input), batch.target) / double(accumulate);
-      const bool last_micro_batch = ++micro % accumulate == 0;
+      auto loss = torch::nn::functional::cross_entropy(model->forward(batch.input), batch.target) / double(run.accumulate);
+      const bool last_micro_batch = ++micro % run.accumulate == 0;
       if (parallel && last_micro_batch) parallel->before_backward();
       loss.backward();
       if (!last_micro_batch) continue;
       sgd->step();
       sgd->zero_grad();
-      if (++steps == kSteps) break;
+      if (++steps == run.steps) break;
     }
   }
   std::vector<torch::Tensor> parameters;
@@ -78,8 +85,13 @@ TEST(DataParallelRank, Trains) {
                               .world_size(2)
                               .timeout(std::chrono::seconds(std::stoi(variable("AFTERBURNER_TEST_TIMEOUT", "30")))));
   auto shard = data::Shard().rank(group.rank).count(2);
-  auto parameters = train(shard, std::stoi(variable("AFTERBURNER_TEST_ACCUMULATE", "1")), &group,
-                          std::stoi(variable("AFTERBURNER_TEST_CLASSES", "4")), variable("AFTERBURNER_TEST_FLAT", "0") == "1");
+  TrainingRun run;
+  run.accumulate = std::stoi(variable("AFTERBURNER_TEST_ACCUMULATE", "1"));
+  run.classes = std::stoi(variable("AFTERBURNER_TEST_CLASSES", "4"));
+  run.flat = variable("AFTERBURNER_TEST_FLAT", "0") == "1";
+  run.steps = std::stoi(variable("AFTERBURNER_TEST_STEPS", std::to_string(kSteps).c_str()));
+  run.kill_at_step = std::stoi(variable("AFTERBURNER_TEST_KILL_AT_STEP", "-1"));
+  auto parameters = train(shard, run, &group);
   torch::save(parameters, variable("AFTERBURNER_TEST_OUTPUT", ""));
 }
 
@@ -119,7 +131,10 @@ TEST_P(TwoRanks, EndAsOneProcessOfTheirTotalBatch) {
   // ends 2e-6 apart after one step with micro-batches of 32 instead of 64 (the order of sums in
   // LibTorch's kernels), which 20 steps grow past 1e-5; with equal micro-batches the ranks match
   // it to about 1e-8.
-  auto reference = train(data::Shard(), accumulate * 2, nullptr, 4, flat);
+  TrainingRun single;
+  single.accumulate = accumulate * 2;
+  single.flat = flat;
+  auto reference = train(data::Shard(), single, nullptr);
   for (int rank = 0; rank < 2; ++rank) {
     std::vector<torch::Tensor> parameters;
     torch::load(parameters, (dir / fmt::format("rank{}.pt", rank)).string());
@@ -141,6 +156,19 @@ TEST(DataParallel, RanksWithDifferentModelsFailAtTheStart) {
   for (const auto& result : results) EXPECT_NE(result.exit_code, 0) << result.out << result.err;
   EXPECT_TRUE(testing::Contains(results[1].out, "rank 1: its model differs from rank 0's: parameter '5.weight'"))
       << results[1].out;
+}
+
+// A rank killed mid-training makes the other fail in its next backward instead of waiting.
+TEST(DataParallel, ARankKilledMidTrainingMakesTheOtherFail) {
+  const int port = unused_port();
+  auto results = run_ranks([&](int rank) {
+    return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_PORT={}", port), "AFTERBURNER_TEST_TIMEOUT=10",
+                                    "AFTERBURNER_TEST_STEPS=100000",
+                                    fmt::format("AFTERBURNER_TEST_KILL_AT_STEP={}", rank == 1 ? 5 : -1)};
+  });
+  EXPECT_EQ(results[1].exit_code, 128 + SIGKILL);
+  EXPECT_NE(results[0].exit_code, 0);
+  EXPECT_TRUE(testing::Contains(results[0].out, "by peer")) << results[0].out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Dist, TwoRanks, ::testing::Combine(::testing::Values(1, 2), ::testing::Bool()),
