@@ -38,16 +38,25 @@ torch::Tensor shuffled_order(int64_t size, uint64_t seed) {
   return order;
 }
 
-}  // namespace
+// Each shard's sample count: the uneven tail padded, or dropped.
+int64_t samples_per_shard(int64_t size, const Shard& shard) {
+  return shard.drop_uneven() ? size / shard.count() : (size + shard.count() - 1) / shard.count();
+}
 
-torch::Tensor sharded_order(int64_t size, const Shard& shard, bool shuffle, uint64_t seed, int64_t epoch) {
+void check_shard(const Shard& shard) {
   if (shard.count() < 1 || shard.rank() < 0 || shard.rank() >= shard.count()) {
     throw UsageError("shard", fmt::format("rank {} is outside {} shards", shard.rank(), shard.count()));
   }
+}
+
+}  // namespace
+
+torch::Tensor sharded_order(int64_t size, const Shard& shard, bool shuffle, uint64_t seed, int64_t epoch) {
+  check_shard(shard);
   torch::Tensor order = torch::arange(size, torch::kLong);
   if (shuffle) order = torch::randperm(size, at::detail::createCPUGenerator(seed + static_cast<uint64_t>(epoch)), torch::kLong);
   const int64_t count = shard.count();
-  const int64_t total = shard.drop_uneven() ? size / count * count : (size + count - 1) / count * count;
+  const int64_t total = samples_per_shard(size, shard) * count;
   if (total > size && size > 0) {
     // DistributedSampler pads with the order's start, repeated as often as the padding needs.
     order = torch::cat({order, order.repeat({(total - size + size - 1) / size}).slice(0, 0, total - size)});
@@ -132,9 +141,7 @@ class LoaderCore {
 
   int64_t samples_per_epoch() const {
     const int64_t size = dataset_->size();
-    if (!options_.shard()) return size;
-    const auto& shard = *options_.shard();
-    return shard.drop_uneven() ? size / shard.count() : (size + shard.count() - 1) / shard.count();
+    return options_.shard() ? samples_per_shard(size, *options_.shard()) : size;
   }
 
   torch::Tensor order_of(int64_t epoch, uint64_t epoch_seed) const {
@@ -268,9 +275,11 @@ Loader::Loader(DatasetPtr dataset, LoaderOptions options, TransformPtr transform
   if (options_.batch_size() < 1) throw UsageError("batch_size", fmt::format("{} is not positive", options_.batch_size()));
   if (options_.workers() < 0) throw UsageError("workers", fmt::format("{} is negative", options_.workers()));
   if (options_.prefetch() < 1) throw UsageError("prefetch", fmt::format("{} is not positive", options_.prefetch()));
-  if (batches_in(dataset->size(), options_) == 0) {
+  if (options_.shard()) check_shard(*options_.shard());
+  const int64_t samples = options_.shard() ? samples_per_shard(dataset->size(), *options_.shard()) : dataset->size();
+  if (batches_in(samples, options_) == 0) {
     throw UsageError("batch_size", fmt::format("{} with {} samples{} gives no batch per epoch", options_.batch_size(),
-                                               dataset->size(), options_.drop_last() ? " and drop_last" : ""));
+                                               samples, options_.drop_last() ? " and drop_last" : ""));
   }
   core_ = std::make_shared<LoaderCore>(std::move(dataset), options_, std::move(transform));
 }

@@ -1,7 +1,6 @@
 #include "afterburner/tune/tune.h"
 
 #include <fmt/format.h>
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +9,6 @@
 
 #include "afterburner/core/threads.h"
 #include "afterburner/profile/alternate.h"
-#include "afterburner/train/precision.h"
 #include "afterburner/train/session.h"
 #include "changes.h"
 

@@ -100,6 +100,13 @@ TEST(Shard, ARankOutsideTheCountIsAUsageError) {
       testing::error_message<UsageError>([] { sharded_order(10, Shard().rank(2).count(2), true, 0, 0); }),
       "rank 2 is outside 2 shards"));
   EXPECT_THROW(sharded_order(10, Shard().count(0), true, 0, 0), UsageError);
+  // A loader checks its shard before it divides by the count, and counts the shard's samples.
+  auto dataset = std::make_shared<TensorDataset>(torch::zeros({100, 1}), torch::arange(100));
+  EXPECT_THROW(Loader(dataset, LoaderOptions().workers(0).shard(Shard().count(0))), UsageError);
+  EXPECT_TRUE(testing::Contains(
+      testing::error_message<UsageError>(
+          [&] { Loader(dataset, LoaderOptions().workers(0).batch_size(64).shard(Shard().rank(1).count(2))); }),
+      "64 with 50 samples and drop_last gives no batch per epoch"));
 }
 
 }  // namespace
