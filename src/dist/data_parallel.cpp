@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <unordered_map>
 
-#include "c10d_error.h"
 
 namespace afterburner::dist {
 namespace {

@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <thread>
 
-#include "c10d_error.h"
 
 namespace afterburner::dist {
 namespace {

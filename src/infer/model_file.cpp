@@ -10,16 +10,6 @@
 namespace afterburner::infer {
 namespace fs = std::filesystem;
 
-namespace {
-
-// LibTorch's messages span many lines (with a C++ backtrace); the first says what went wrong.
-std::string first_line(const std::string& text) {
-  auto end = text.find('\n');
-  return text.substr(0, end);
-}
-
-}  // namespace
-
 torch::jit::Module load_model(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw ModelError(path, "no such model file");
@@ -29,14 +19,12 @@ torch::jit::Module load_model(const std::string& path) {
     auto model = torch::jit::load(path, torch::kCPU);
     if (!model.find_method("forward")) throw ModelError(path, "TorchScript module has no forward method");
     return model;
-  } catch (const c10::Error& e) {
-    throw ModelError(path, "not a loadable TorchScript model (" + first_line(e.what_without_backtrace()) + ")");
   } catch (const ArchiveError& e) {
     throw ModelError(path, "not a loadable TorchScript model (" + e.problem() + ")");
   } catch (const ModelError&) {
     throw;
   } catch (const std::exception& e) {
-    throw ModelError(path, "not a loadable TorchScript model (" + first_line(e.what()) + ")");
+    throw ModelError(path, "not a loadable TorchScript model (" + first_line(e) + ")");
   }
 }
 
@@ -46,7 +34,7 @@ void save_model(const torch::jit::Module& model, const std::string& path) {
   } catch (const FileWriteError& e) {
     throw ModelError(path, e.problem());
   } catch (const c10::Error& e) {
-    throw ModelError(path, "cannot write model (" + first_line(e.what_without_backtrace()) + ")");
+    throw ModelError(path, "cannot write model (" + first_line(e) + ")");
   }
 }
 

@@ -47,8 +47,6 @@ def forward(self, x):
     return torch.conv2d(sketched, mix * (1.0 / self.U1s.size(0)), {bias})
 )";
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
 // Sketched layers as TorchScript modules: one class per distinct forward source.
 class ScriptedLayers {
  public:
@@ -293,8 +291,8 @@ void check_reloads(const jit::Module& model) {
   try {
     model.save(buffer);
     jit::load(buffer);
-  } catch (const c10::Error& e) {
-    throw Error("sketch: the sketched model does not reload (" + first_line(e.what_without_backtrace()) + ")");
+  } catch (const std::exception& e) {
+    throw Error("sketch: the sketched model does not reload (" + first_line(e) + ")");
   }
 }
 

@@ -22,11 +22,6 @@ void write_archive(const std::string& path, torch::serialize::OutputArchive& arc
   }
 }
 
-std::string first_line(const c10::Error& e) {
-  std::string text = e.what_without_backtrace();
-  return text.substr(0, text.find('\n'));
-}
-
 std::vector<std::vector<int64_t>> parameter_shapes(const torch::nn::Module& model) {
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& p : model.parameters()) shapes.push_back(p.sizes().vec());
@@ -70,6 +65,8 @@ TrainState load_checkpoint(const std::string& path, CheckpointTarget target) {
     throw CheckpointError(path, "not a readable checkpoint (" + e.problem() + ")");
   } catch (const c10::Error& e) {
     throw CheckpointError(path, "not a readable checkpoint (corrupt or truncated file)");
+  } catch (const std::exception& e) {  // TorchScript's parser, on a code record that is not code
+    throw CheckpointError(path, "not a readable checkpoint (" + first_line(e) + ")");
   }
   c10::IValue format, model_name;
   if (!archive.try_read("format", format) || !format.isString() ||
@@ -108,10 +105,8 @@ TrainState load_checkpoint(const std::string& path, CheckpointTarget target) {
     generator.set_state(rng);
     state = {epoch.item<int64_t>(), step.item<int64_t>(), batch.item<int64_t>(), seconds.item<double>(),
              to_target.item<double>(), samples.item<int64_t>(), samples_to_target.item<int64_t>()};
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {  // e.g. an optimizer state that does not fit the parameters
     throw CheckpointError(path, "does not fit this run: " + first_line(e));
-  } catch (const Error& e) {  // e.g. an optimizer state that does not fit the parameters
-    throw CheckpointError(path, std::string("does not fit this run: ") + e.what());
   }
   if (shapes_differ) {
     throw CheckpointError(path, "its tensors have other shapes than this run's model '" + target.model_name + "'");

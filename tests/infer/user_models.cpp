@@ -11,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "afterburner/core/error.h"
 #include "afterburner/infer/verify.h"
 #include "testing.h"
 
@@ -25,8 +26,6 @@ fs::path script() { return source_dir() / "tests" / "infer" / "user_models.py"; 
 
 // <build>/tests/test_<area> runs the corpus; the report goes next to <build>/afterburner.
 fs::path build_dir() { return fs::read_symlink("/proc/self/exe").parent_path().parent_path(); }
-
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 // ctest -j runs several test processes at once: a reader never sees a half-written file.
 void write_atomically(const fs::path& path, const std::string& text) {
@@ -311,7 +310,7 @@ PathCheck check_path(const UserModel& model, const std::string& path, const Runn
     }
     repeated = true;
   } catch (const std::exception& e) {
-    fail("threw: " + first_line(e.what()));
+    fail("threw: " + first_line(e));
   }
   std::vector<std::string> cells;
   Difference overall = after_repeats;

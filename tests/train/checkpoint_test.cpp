@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
+#include <zlib.h>
 
 #include <csignal>
 
@@ -125,6 +126,10 @@ uint16_t get_u16(const std::string& bytes, std::size_t at) {
   return static_cast<uint16_t>(static_cast<unsigned char>(bytes[at]) | static_cast<unsigned char>(bytes[at + 1]) << 8);
 }
 
+uint32_t get_u32(const std::string& bytes, std::size_t at) {
+  return get_u16(bytes, at) | static_cast<uint32_t>(get_u16(bytes, at + 2)) << 16;
+}
+
 TEST(Checkpoint, RecordDeclaringMoreBytesThanItHoldsIsRefused) {
   // Found by fuzzing: a compressed record whose central directory entry promises 3 GB (its CRC
   // still right) made LibTorch allocate 3 GB before reading it. The entry: name at +46, size at +24.
@@ -146,6 +151,41 @@ TEST(Checkpoint, RecordDeclaringMoreBytesThanItHoldsIsRefused) {
   auto message = error_of([&] { load_checkpoint(path, run.target()); });
   EXPECT_NE(message.find(path + ": not a readable checkpoint (record " + record + " declares 3000000000 bytes but holds"),
             std::string::npos) << message;
+}
+
+TEST(Checkpoint, GarbageCodeWithRightCrcIsAnError) {
+  // Found by fuzzing (the fuzzer learns CRC-32s from its comparisons): a stored code record
+  // overwritten with garbage and given its right CRC-32 passes the archive check, and
+  // LibTorch's TorchScript lexer throws a std::runtime_error, not a c10::Error.
+  testing::TempDir dir;
+  auto path = (dir / "ckpt.pt").string();
+  TrainingRun run("mlp");
+  save_checkpoint(path, run.target());
+  std::string bytes = testing::read_file(path);
+  int patched = 0;
+  // Central directory entries: method at +10, CRC at +16, size at +20, name length at +28,
+  // local header offset at +42, name at +46. LibTorch writes the CRC and sizes in data
+  // descriptors after the data, not in local headers; libzip checks the central directory's.
+  for (auto entry = bytes.find("PK\x01\x02"); entry != std::string::npos && patched == 0;
+       entry = bytes.find("PK\x01\x02", entry + 4)) {
+    const std::string name = bytes.substr(entry + 46, get_u16(bytes, entry + 28));
+    const bool stored_code = get_u16(bytes, entry + 10) == 0 && name.rfind("archive/code/", 0) == 0 &&
+                             name.compare(name.size() - 3, 3, ".py") == 0;
+    if (!stored_code) continue;
+    const uint32_t size = get_u32(bytes, entry + 20);
+    const uint32_t local = get_u32(bytes, entry + 42);
+    const std::size_t data = local + 30 + get_u16(bytes, local + 26) + get_u16(bytes, local + 28);
+    std::fill_n(bytes.begin() + static_cast<std::ptrdiff_t>(data), size, '\xbe');
+    const auto crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(bytes.data() + data), size));
+    put_u32(bytes, entry + 16, crc);
+    if (bytes.compare(data + size, 4, "PK\x07\x08") == 0) put_u32(bytes, data + size + 4, crc);
+    ++patched;
+  }
+  ASSERT_EQ(patched, 1) << "no stored code record in the checkpoint";
+  testing::write_file(path, bytes);
+  auto message = error_of([&] { load_checkpoint(path, run.target()); });
+  EXPECT_NE(message.find(path + ": not a readable checkpoint (expected a valid token"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
 }
 
 TEST(Checkpoint, AnotherModelsCheckpointIsRefused) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdio>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -31,6 +32,10 @@ inline std::string one_line(const std::string& text) {
   }
   return line;
 }
+
+// The first line of `e`'s message, without LibTorch's C++ backtrace: what a one-line error
+// quotes when it passes on why LibTorch refused something.
+std::string first_line(const std::exception& e);
 
 // Base of every error afterburner raises on purpose. what() is one line, whatever it quotes.
 class Error : public std::runtime_error {
