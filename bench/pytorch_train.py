@@ -14,6 +14,12 @@ torch.autocast("cpu", torch.bfloat16) around forward + loss (training and evalua
 --no-augment drops the random crop. --target-accuracy A stops at the first evaluation that
 reaches A (evaluations at epoch ends, and every --eval-every steps).
 
+Distributed: with torchrun's variables set (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and
+WORLD_SIZE > 1, each process is one rank of DistributedDataParallel on a Gloo group, written the
+way its tutorial writes it: DistributedSampler (set_epoch every epoch), --batch-size per rank,
+every rank evaluating. Rank 0 writes the report, its samples counting all ranks, with DDP's own
+communication figures (_get_ddp_logging_data) under "communication".
+
 Timing matches afterburner's: a step runs from asking the DataLoader for a batch through
 optimizer.step(), so it includes data wait; train_samples_per_sec is trained samples over the
 summed step time of all epochs. epoch_seconds is the wall time of each epoch's training loop
@@ -38,10 +44,14 @@ import sys
 import time
 from pathlib import Path
 
+import os
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 MEAN, STD = 0.2860, 0.3530
 PAD = 2
@@ -206,12 +216,20 @@ class Trainer:
         return correct / len(loader.dataset)
 
 
+def world_size():
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def make_loaders(args):
     train_set = FashionMnist(*load_split(args.data, "train"), augment=args.augment)
     test_set = FashionMnist(*load_split(args.data, "t10k"), augment=False)
     workers = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
-    train = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                       **workers)
+    if world_size() > 1:
+        sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed, drop_last=True)
+        train = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True, **workers)
+    else:
+        train = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                           **workers)
     if len(train) == 0:
         sys.exit(f"batch-size: {args.batch_size} is more than the {len(train_set)} training samples")
     test = DataLoader(test_set, batch_size=EVAL_BATCH_SIZE, **workers)
@@ -222,13 +240,27 @@ def peak_rss_mb(who):
     return resource.getrusage(who).ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
 
 
+def communication(model):
+    """DDP's own averages over its sampled steps, in ms: comm time and the part hidden behind backward."""
+    data = model._get_ddp_logging_data()
+    return {"ms_per_step": data.get("avg_backward_comm_time", 0) / 1e6,
+            "hidden_ms_per_step": data.get("avg_backward_compute_comm_overlap_time", 0) / 1e6}
+
+
 def run(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    if world_size() > 1:
+        dist.init_process_group("gloo")
     train_loader, test_loader = make_loaders(args)
-    trainer = Trainer(build_model(args.model), args, len(train_loader))
+    model = build_model(args.model)
+    if world_size() > 1:
+        model = DistributedDataParallel(model)
+    trainer = Trainer(model, args, len(train_loader))
     epoch_seconds, accuracies = [], []
     for epoch in range(args.epochs):
+        if world_size() > 1:
+            train_loader.sampler.set_epoch(epoch)
         samples_before, seconds_before = trainer.samples, trainer.step_seconds
         epoch_seconds.append(trainer.train_epoch(train_loader, test_loader))
         reached = trainer.evaluate(test_loader)
@@ -240,10 +272,15 @@ def run(args):
     # Persistent workers only count towards RUSAGE_CHILDREN once they have exited.
     del train_loader, test_loader
     gc.collect()
+    distributed = {}
+    if world_size() > 1:
+        distributed = {"world_size": world_size(), "communication": communication(model)}
+        dist.destroy_process_group()
     return {
+        **distributed,
         "test_accuracy": accuracies[-1],
         "test_accuracy_per_epoch": accuracies,
-        "train_samples_per_sec": trainer.samples / trainer.step_seconds,
+        "train_samples_per_sec": trainer.samples * world_size() / trainer.step_seconds,
         "train_seconds": trainer.step_seconds,
         "train_seconds_to_target": trainer.seconds_to_target,
         "samples_to_target": trainer.samples_to_target,
@@ -326,6 +363,8 @@ def parse_args(argv=None):
 def main():
     args = parse_args()
     result = run(args)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
     print(summary(result))
     if args.report:
         args.report.write_text(json.dumps(result, indent=2) + "\n")

@@ -36,8 +36,8 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     std::cerr << "afterburner: " << e.what() << "\n";
     return e.exit_code();
-  } catch (const std::exception& e) {
-    std::cerr << "afterburner: " << e.what() << "\n";
+  } catch (const std::exception& e) {  // LibTorch's, without its C++ backtrace
+    std::cerr << "afterburner: " << first_line(e) << "\n";
     return 1;
   }
   return 2;

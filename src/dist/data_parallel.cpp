@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <unordered_map>
 
-
 namespace afterburner::dist {
 namespace {
 
@@ -30,12 +29,14 @@ std::string name_parameter(const std::exception& e, const std::unordered_map<siz
 
 // The Reducer and its Logger, built as torch/nn/parallel/distributed.py (1.13) builds them.
 struct DataParallel::Engine {
+  Group group;
   std::shared_ptr<c10d::Reducer> reducer;
   std::shared_ptr<c10d::Logger> logger;  // the Reducer uses it on one path without a null check
 };
 
 DataParallel::DataParallel(torch::nn::Module& model, const Group& group, const DataParallelOptions& options)
     : engine_(std::make_unique<Engine>()) {
+  engine_->group = group;
   std::vector<at::Tensor> parameters;
   std::unordered_map<size_t, std::string> names;
   for (const auto& item : model.named_parameters()) {
@@ -67,16 +68,37 @@ DataParallel::DataParallel(torch::nn::Module& model, const Group& group, const D
       static_cast<int64_t>(first_bucket_bytes));
   engine_->logger = std::make_shared<c10d::Logger>(engine_->reducer);
   engine_->reducer->set_logger(engine_->logger);
+  engine_->reducer->set_ddp_runtime_logging_sample_rate(1);  // time every step, not one in 100
 }
 
 DataParallel::~DataParallel() = default;
 
-void DataParallel::before_forward() {
-  engine_->reducer->prepare_for_forward();
+int64_t DataParallel::rank() const { return engine_->group.rank; }
+
+int64_t DataParallel::world_size() const { return engine_->group.world_size; }
+
+// As DistributedDataParallel._pre_forward (1.13) does.
+void DataParallel::before_forward(bool synchronised) {
+  if (synchronised) {
+    engine_->logger->set_runtime_stats_and_log();  // the previous synchronised step's timings
+    engine_->reducer->prepare_for_forward();
+  }
   // After the first step the buckets follow the order in which gradients became ready.
   engine_->reducer->rebuild_buckets();
 }
 
 void DataParallel::before_backward() { engine_->reducer->prepare_for_backward({}); }
+
+void DataParallel::sum(torch::Tensor& values) {
+  std::vector<at::Tensor> tensors{values};
+  engine_->group.process_group->allreduce(tensors)->wait();
+}
+
+train::CommunicationStats DataParallel::communication() {
+  auto stats = engine_->logger->get_ddp_logging_data().ints_map;
+  constexpr double kNanosecondsPerMs = 1e6;
+  return {double(stats["avg_backward_comm_time"]) / kNanosecondsPerMs,
+          double(stats["avg_backward_compute_comm_overlap_time"]) / kNanosecondsPerMs};
+}
 
 }  // namespace afterburner::dist

@@ -22,11 +22,53 @@ void write_archive(const std::string& path, torch::serialize::OutputArchive& arc
   }
 }
 
-std::vector<std::vector<int64_t>> parameter_shapes(const torch::nn::Module& model) {
-  std::vector<std::vector<int64_t>> shapes;
-  for (const auto& p : model.parameters()) shapes.push_back(p.sizes().vec());
-  for (const auto& b : model.buffers()) shapes.push_back(b.sizes().vec());
-  return shapes;
+// The tensors `archive` holds for `module`, in Module::save's layout, read but not yet applied;
+// false when one has another shape than the module's.
+bool read_state(torch::nn::Module& module, torch::serialize::InputArchive& archive,
+                std::vector<std::pair<torch::Tensor, torch::Tensor>>& into) {
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+    torch::Tensor saved;
+    archive.read(item.key(), saved);
+    into.emplace_back(item.value(), saved);
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/false)) {
+    torch::Tensor saved;
+    archive.read(item.key(), saved, /*is_buffer=*/true);
+    into.emplace_back(item.value(), saved);
+  }
+  for (const auto& child : module.named_children()) {
+    torch::serialize::InputArchive child_archive;
+    archive.read(child.key(), child_archive);
+    if (!read_state(*child.value(), child_archive, into)) return false;
+  }
+  return std::all_of(into.begin(), into.end(), [](const auto& pair) { return pair.first.sizes() == pair.second.sizes(); });
+}
+
+// Module::load swaps each tensor's storage for the file's (Tensor::set_); copying keeps the
+// memory that others hold on to (c10d's Reducer, a flat optimizer's buffer) as the parameters'.
+bool load_in_place(torch::nn::Module& module, torch::serialize::InputArchive& archive) {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> state;
+  if (!read_state(module, archive, state)) return false;
+  torch::NoGradGuard no_grad;
+  for (auto& [tensor, saved] : state) tensor.copy_(saved);
+  return true;
+}
+
+// The loop's position and the CPU generator's state (which it restores).
+TrainState read_train_state(torch::serialize::InputArchive& archive) {
+  torch::Tensor epoch, step, batch, seconds, to_target, samples, samples_to_target, rng;
+  archive.read("state.epoch", epoch);
+  archive.read("state.step", step);
+  archive.read("state.batch_in_epoch", batch);
+  archive.read("state.train_seconds", seconds);
+  archive.read("state.seconds_to_target", to_target);
+  archive.read("state.samples", samples);
+  archive.read("state.samples_to_target", samples_to_target);
+  archive.read("rng.cpu", rng);
+  auto generator = at::detail::getDefaultCPUGenerator();
+  generator.set_state(rng);
+  return {epoch.item<int64_t>(), step.item<int64_t>(), batch.item<int64_t>(), seconds.item<double>(),
+          to_target.item<double>(), samples.item<int64_t>(), samples_to_target.item<int64_t>()};
 }
 
 torch::Tensor scalar(int64_t v) { return torch::tensor(v, torch::kLong); }
@@ -82,33 +124,21 @@ TrainState load_checkpoint(const std::string& path, CheckpointTarget target) {
                                     "', but this run trains '" + target.model_name + "'");
   }
   TrainState state;
-  bool shapes_differ = false;
+  bool shapes_fit = false;
   try {
     torch::serialize::InputArchive model, optimizer;
     archive.read("model", model);
     archive.read("optimizer", optimizer);
-    auto shapes = parameter_shapes(target.model);
-    target.model.load(model);
-    shapes_differ = parameter_shapes(target.model) != shapes;
-    target.optimizer.load(optimizer);
-    target.scaler.load(archive);
-    torch::Tensor epoch, step, batch, seconds, to_target, samples, samples_to_target, rng;
-    archive.read("state.epoch", epoch);
-    archive.read("state.step", step);
-    archive.read("state.batch_in_epoch", batch);
-    archive.read("state.train_seconds", seconds);
-    archive.read("state.seconds_to_target", to_target);
-    archive.read("state.samples", samples);
-    archive.read("state.samples_to_target", samples_to_target);
-    archive.read("rng.cpu", rng);
-    auto generator = at::detail::getDefaultCPUGenerator();
-    generator.set_state(rng);
-    state = {epoch.item<int64_t>(), step.item<int64_t>(), batch.item<int64_t>(), seconds.item<double>(),
-             to_target.item<double>(), samples.item<int64_t>(), samples_to_target.item<int64_t>()};
+    shapes_fit = load_in_place(target.model, model);
+    if (shapes_fit) {
+      target.optimizer.load(optimizer);
+      target.scaler.load(archive);
+      state = read_train_state(archive);
+    }
   } catch (const std::exception& e) {  // e.g. an optimizer state that does not fit the parameters
     throw CheckpointError(path, "does not fit this run: " + first_line(e));
   }
-  if (shapes_differ) {
+  if (!shapes_fit) {
     throw CheckpointError(path, "its tensors have other shapes than this run's model '" + target.model_name + "'");
   }
   return state;

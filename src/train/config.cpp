@@ -136,7 +136,7 @@ std::vector<ConfigField> make_fields() {
       text("model", "model from the zoo: mlp, cnn, resnet", &TrainConfig::model),
       text("data", "directory holding the MNIST-format IDX files (raw or .gz)", &TrainConfig::data),
       integer("epochs", "passes over the training set", &TrainConfig::epochs, 1),
-      integer("batch_size", "samples per micro-batch", &TrainConfig::batch_size, 1),
+      integer("batch_size", "samples per micro-batch, over all data-parallel ranks together", &TrainConfig::batch_size, 1),
       integer("eval_batch_size", "samples per evaluation batch", &TrainConfig::eval_batch_size, 1),
       number("lr", "peak learning rate", &TrainConfig::lr, 1e-12, inf),
       text("optimizer", "sgd or adamw", &TrainConfig::optimizer, {"sgd", "adamw"}),
@@ -191,6 +191,14 @@ std::vector<ConfigField> make_fields() {
       integer("profile", "profile this many steps and print the op table (0 = off)",
               &TrainConfig::profile_steps, 0),
       text("trace", "Chrome trace JSON of the profiled steps", &TrainConfig::trace),
+      integer("nproc", "data-parallel ranks on this machine, each on its share of the cores", &TrainConfig::nproc, 1),
+      integer("nnodes", "machines in a data-parallel job", &TrainConfig::nnodes, 1),
+      integer("node_rank", "this machine's index in the job (0 to --nnodes - 1)", &TrainConfig::node_rank, 0),
+      text("master_addr", "address of the machine of rank 0, which serves the rendezvous", &TrainConfig::master_addr),
+      integer("master_port", "rendezvous port (0 = a free one on one machine, 29500 across machines)",
+              &TrainConfig::master_port, 0),
+      number("dist_timeout", "seconds a rank waits for the others (rendezvous, each collective) before failing",
+             &TrainConfig::dist_timeout, 1, 86400),
   };
 }
 
@@ -285,6 +293,16 @@ void validate(const TrainConfig& config) {
                                {"--sketch-rank", config.sketch_rank != defaults.sketch_rank},
                                {"--sketch-budget", config.sketch_budget != defaults.sketch_budget}}) {
     if (changed && !config.sketch) throw UsageError(flag, "needs --sketch");
+  }
+  const int64_t ranks = config.nproc * config.nnodes;
+  if (config.batch_size % ranks != 0) {
+    throw UsageError("--batch-size", fmt::format("must divide evenly over the {} ranks, got {}", ranks, config.batch_size));
+  }
+  if (config.node_rank >= config.nnodes) {
+    throw UsageError("--node-rank", fmt::format("must be below --nnodes {}, got {}", config.nnodes, config.node_rank));
+  }
+  if (config.master_port > 65535) {
+    throw UsageError("--master-port", fmt::format("must be at most 65535, got {}", config.master_port));
   }
 }
 

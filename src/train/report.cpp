@@ -9,6 +9,14 @@ void to_json(nlohmann::json& j, const EvalPoint& point) {
        {"accuracy", point.accuracy}, {"loss", point.loss}};
 }
 
+namespace {
+
+double hidden_share(const CommunicationStats& stats) {
+  return stats.ms_per_step > 0 ? stats.hidden_ms_per_step / stats.ms_per_step : 0;
+}
+
+}  // namespace
+
 nlohmann::json TrainReport::to_json() const {
   nlohmann::json j{{"config", config},
                    {"model", model},
@@ -16,6 +24,8 @@ nlohmann::json TrainReport::to_json() const {
                    {"batch_size", batch_size},
                    {"threads", threads},
                    {"workers", workers},
+                   {"world_size", world_size},
+                   {"communication", nullptr},
                    {"trainable_parameters", trainable_parameters},
                    {"steps", steps},
                    {"skipped_steps", skipped_steps},
@@ -36,12 +46,25 @@ nlohmann::json TrainReport::to_json() const {
                    {"timing", timing}};
   if (train_seconds_to_target) j["train_seconds_to_target"] = *train_seconds_to_target;
   if (samples_to_target) j["samples_to_target"] = *samples_to_target;
+  if (communication) {
+    j["communication"] = {{"ms_per_step", communication->ms_per_step},
+                          {"hidden_ms_per_step", communication->hidden_ms_per_step},
+                          {"hidden_share", hidden_share(*communication)}};
+  }
   return j;
 }
 
 std::string TrainReport::summary() const {
   std::string text = fmt::format("model {} ({} trainable parameters) | precision {} | batch {} | threads {} | workers {}\n",
                                  model, trainable_parameters, precision, batch_size, threads, workers);
+  if (world_size > 1) {
+    text += fmt::format("ranks              {}, each with batch {} (speeds and samples count all ranks)\n", world_size,
+                        batch_size / world_size);
+  }
+  if (communication) {
+    text += fmt::format("communication      {:.2f} ms per step, {:.0f}% hidden behind backward\n",
+                        communication->ms_per_step, 100 * hidden_share(*communication));
+  }
   text += fmt::format("{:<18} {:.4f}", evaluated_on + " accuracy", test_accuracy);
   if (!test_accuracy_per_epoch.empty()) {
     text += fmt::format(" (per epoch: {:.4f})", fmt::join(test_accuracy_per_epoch, ", "));

@@ -30,14 +30,15 @@ std::string checkpoint_file(const std::string& checkpoint_dir) {
   return (std::filesystem::path(checkpoint_dir) / "checkpoint.pt").string();
 }
 
-TrainReport run_training(const TrainConfig& config) {
+TrainReport run_training(const TrainConfig& config, const Replicate& replicate) {
   validate(config);
   for (const auto& [path, flag] : {std::pair{config.report, "--report"}, {config.export_path, "--export"},
                                    {config.log_jsonl, "--log-jsonl"}, {config.trace, "--trace"}}) {
     check_writable(path, flag);
   }
-  TrainingSession session(config, load_training_data(config));
+  TrainingSession session(config, load_training_data(config), replicate);
   TrainReport report = session.fit();
+  if (session.rank() != 0) return report;
   if (!config.export_path.empty()) models::export_torchscript(session.exportable_model(), config.export_path);
   if (!config.report.empty()) write_report(report, config.report);
   return report;

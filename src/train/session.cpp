@@ -130,13 +130,15 @@ struct TrainingSession::Parts {
   std::string schedule;
   std::unique_ptr<Trainer> trainer;
   int64_t measured_epochs = 0;  // measure_steps() reads fresh epochs from here on
+  int64_t rank = 0;
 
   int threads() const { return config.threads > 0 ? static_cast<int>(config.threads) : available_cores(); }
   void run_steps(const std::function<bool(int64_t)>& next, const std::function<std::optional<double>(int64_t)>& lr,
                  const std::function<void(int64_t, double, int64_t)>& done);
 };
 
-TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& data) : parts_(std::make_unique<Parts>()) {
+TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& data, const Replicate& replicate)
+    : parts_(std::make_unique<Parts>()) {
   auto& p = *parts_;
   p.config = config;
   p.evaluated_on = data.evaluated_on;
@@ -162,16 +164,6 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
                             .prefetch(config.prefetch)
                             .seed(config.seed)
                             .channels_last(channels_last);
-  p.workers = static_cast<int>(config.workers);
-  if (p.workers < 0) {
-    p.workers = data::choose_workers(data.train, loader_options, data::compose(train_chain));
-    fmt::print(stderr, "afterburner: --workers auto chose {} loader worker(s)\n", p.workers);
-  }
-  loader_options.workers(p.workers);
-  p.train_loader = std::make_unique<data::Loader>(data.train, loader_options, data::compose(train_chain));
-  p.test_loader = std::make_unique<data::Loader>(
-      data.evaluation,
-      data::LoaderOptions(loader_options).batch_size(config.eval_batch_size).shuffle(false).drop_last(false), test_chain);
 
   // The trainer runs `trained`; `model` shares every parameter and stays exportable.
   torch::nn::Sequential trained = p.model;
@@ -184,6 +176,31 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   }
   if (!config.checkpoint_layers.empty()) checkpoint_layers(trained, config.checkpoint_layers);
   if (channels_last) to_channels_last(*p.model);
+  std::shared_ptr<Replicas> replicas = replicate ? replicate(*trained) : nullptr;
+  const int64_t rank = p.rank = replicas ? replicas->rank() : 0;
+  data::DatasetPtr evaluation = data.evaluation;
+  if (replicas) {
+    const int64_t world_size = replicas->world_size();
+    if (config.batch_size % world_size != 0) {
+      throw UsageError("--batch-size", fmt::format("must divide evenly over the {} ranks, got {}", world_size,
+                                                   config.batch_size));
+    }
+    loader_options.batch_size(config.batch_size / world_size);
+    loader_options.shard(data::Shard().rank(rank).count(world_size));
+    evaluation = std::make_shared<data::SubsetDataset>(
+        evaluation, torch::arange(rank, evaluation->size(), replicas->world_size(), torch::kLong));
+  }
+  p.workers = static_cast<int>(config.workers);
+  if (p.workers < 0) {
+    p.workers = data::choose_workers(data.train, loader_options, data::compose(train_chain));
+    fmt::print(stderr, "afterburner: --workers auto chose {} loader worker(s)\n", p.workers);
+  }
+  loader_options.workers(p.workers);
+  p.train_loader = std::make_unique<data::Loader>(data.train, loader_options, data::compose(train_chain));
+  p.test_loader = std::make_unique<data::Loader>(
+      evaluation,
+      data::LoaderOptions(loader_options).batch_size(config.eval_batch_size).shuffle(false).drop_last(false).shard(std::nullopt),
+      test_chain);
   auto optimizer = make_optimizer(OptimizerOptions()
                                       .kind(config.optimizer)
                                       .lr(config.lr)
@@ -217,12 +234,13 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
                                             .eval_every(evaluation_interval(config, batches_per_epoch))
                                             .max_steps(config.max_steps)
                                             .skip_nonfinite(config.skip_nonfinite)
-                                            .device(p.device));
+                                            .device(p.device)
+                                            .replicas(replicas));
   auto progress = parse_progress_mode(config.progress);
-  if (progress != ProgressMode::none) p.trainer->add_callback(std::make_shared<ProgressBar>(progress));
-  if (!config.log_jsonl.empty()) p.trainer->add_callback(std::make_shared<JsonlLog>(config.log_jsonl));
+  if (progress != ProgressMode::none && rank == 0) p.trainer->add_callback(std::make_shared<ProgressBar>(progress));
+  if (!config.log_jsonl.empty() && rank == 0) p.trainer->add_callback(std::make_shared<JsonlLog>(config.log_jsonl));
   if (config.early_stopping > 0) p.trainer->add_callback(std::make_shared<EarlyStopping>(config.early_stopping));
-  if (config.profile_steps > 0) {
+  if (config.profile_steps > 0 && rank == 0) {
     p.trainer->add_callback(std::make_shared<ProfileSteps>(/*warmup=*/5, config.profile_steps, config.trace));
   }
 }
@@ -230,6 +248,8 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
 TrainingSession::~TrainingSession() = default;
 
 const TrainConfig& TrainingSession::config() const { return parts_->config; }
+
+int64_t TrainingSession::rank() const { return parts_->rank; }
 
 torch::nn::Sequential TrainingSession::exportable_model() const { return parts_->model; }
 

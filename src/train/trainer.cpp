@@ -28,6 +28,10 @@ Trainer::Trainer(torch::nn::Sequential model, std::unique_ptr<torch::optim::Opti
       test_(test),
       options_(std::move(options)),
       scaler_(options_.scaler()) {
+  if (options_.replicas()) {
+    rank_ = options_.replicas()->rank();
+    world_size_ = options_.replicas()->world_size();
+  }
   if (options_.accumulate() < 1) throw UsageError("accumulate", "must be at least 1");
   check_precision_supported(options_.precision(), options_.device());
   model_->to(options_.device());
@@ -48,14 +52,18 @@ void Trainer::resume() {
 double Trainer::train_seconds() const { return resumed_seconds_ + timer_.stats().total_s; }
 
 void Trainer::save() {
-  if (options_.checkpoint_path().empty()) return;
+  if (options_.checkpoint_path().empty() || rank_ != 0) return;  // the ranks' states are identical
   TrainState state = state_;
   state.train_seconds = train_seconds();
   save_checkpoint(options_.checkpoint_path(), {options_.model_name(), *model_, *optimizer_, scaler_, state});
 }
 
-double Trainer::forward_backward(const data::Batch& batch) {
+double Trainer::forward_backward(const data::Batch& batch, bool last_of_step) {
+  const auto& replicas = options_.replicas();
+  // The other ranks wait for this rank's gradients in a synchronised backward, finite or not.
+  const bool synchronised = replicas && last_of_step;
   timer_.start(Phase::forward);
+  if (replicas) replicas->before_forward(synchronised);
   torch::Tensor loss;
   {
     AutocastGuard autocast(options_.precision(), options_.device());
@@ -63,8 +71,9 @@ double Trainer::forward_backward(const data::Batch& batch) {
     loss = options_.loss()(logits, batch.target);
   }
   double value = loss.item<double>();
-  if (!std::isfinite(value)) return value;
+  if (!std::isfinite(value) && !synchronised) return value;
   timer_.start(Phase::backward);
+  if (synchronised) replicas->before_backward();
   scaler_.scale(loss / double(options_.accumulate())).backward();
   return value;
 }
@@ -134,6 +143,13 @@ EvalResult Trainer::evaluate() {
     result.samples += batch.target.size(0);
   }
   model_->train();
+  if (options_.replicas()) {  // each rank evaluated its part of the evaluation set
+    auto totals = torch::tensor({double(correct), loss_sum, double(result.samples)}, torch::kDouble);
+    options_.replicas()->sum(totals);
+    correct = static_cast<int64_t>(totals[0].item<double>());
+    loss_sum = totals[1].item<double>();
+    result.samples = static_cast<int64_t>(totals[2].item<double>());
+  }
   if (result.samples > 0) {
     result.accuracy = double(correct) / double(result.samples);
     result.loss = loss_sum / double(result.samples);
@@ -172,6 +188,13 @@ void Trainer::update_stop_reason() {
   }
 }
 
+void Trainer::agree_to_stop() {
+  if (!options_.replicas()) return;
+  auto votes = torch::tensor({stop_reason_.empty() ? 0.0 : 1.0}, torch::kDouble);
+  options_.replicas()->sum(votes);
+  if (votes.item<double>() > 0 && stop_reason_.empty()) stop_reason_ = "another rank stopped";
+}
+
 bool Trainer::after_step(const StepInfo& info, TrainReport& report) {
   for (auto& callback : callbacks_) callback->on_step_end(info);
   if (options_.checkpoint_every() > 0 && state_.step % options_.checkpoint_every() == 0) save();
@@ -179,49 +202,81 @@ bool Trainer::after_step(const StepInfo& info, TrainReport& report) {
     evaluate_into(/*epoch_end=*/false, report);
   }
   update_stop_reason();
+  agree_to_stop();
   return !stop_reason_.empty();
 }
 
-void Trainer::skip_nonfinite_loss(double loss, TrainReport& report) {
+struct Trainer::StepTotals {
+  double loss_sum = 0;  // of the finite micro-batch losses
+  int64_t micro_batches = 0, samples = 0;
+  int64_t nonfinite_rank = -1;  // the first rank with a loss that is not finite
+  double nonfinite_loss = 0;    // that loss, when it is this rank's
+};
+
+Trainer::StepTotals Trainer::step_totals(double loss_sum, int64_t micro_batches, int64_t samples,
+                                         double nonfinite_loss) {
+  StepTotals totals{loss_sum, micro_batches, samples, std::isfinite(nonfinite_loss) ? -1 : rank_, nonfinite_loss};
+  if (!options_.replicas()) return totals;
+  // [loss sum, micro-batches, samples, then one slot per rank: 1 where a loss was not finite]
+  auto values = torch::zeros({3 + world_size_}, torch::kDouble);
+  values[0] = loss_sum;
+  values[1] = double(micro_batches);
+  values[2] = double(samples);
+  values[3 + rank_] = std::isfinite(nonfinite_loss) ? 0.0 : 1.0;
+  options_.replicas()->sum(values);
+  totals.loss_sum = values[0].item<double>();
+  totals.micro_batches = static_cast<int64_t>(values[1].item<double>());
+  totals.samples = static_cast<int64_t>(values[2].item<double>());
+  auto flags = values.slice(0, 3).nonzero();
+  totals.nonfinite_rank = flags.numel() > 0 ? flags[0][0].item<int64_t>() : -1;
+  return totals;
+}
+
+void Trainer::skip_nonfinite_loss(const StepTotals& totals, TrainReport& report) {
   if (!options_.skip_nonfinite()) {
-    throw TrainingError(fmt::format("step {} (epoch {}, batch {}): the loss is {}; lower --lr, "
+    const std::string loss = totals.nonfinite_rank == rank_ ? fmt::format("{}", totals.nonfinite_loss) : "not finite";
+    const std::string where = world_size_ > 1 ? fmt::format(" on rank {}", totals.nonfinite_rank) : "";
+    throw TrainingError(fmt::format("step {} (epoch {}, batch {}): the loss{} is {}; lower --lr, "
                                     "or pass --skip-nonfinite to skip such steps",
-                                    state_.step + 1, state_.epoch + 1, state_.batch_in_epoch, loss));
+                                    state_.step + 1, state_.epoch + 1, state_.batch_in_epoch, where, loss));
   }
   discard_gradients();
   ++report.skipped_steps;
 }
 
-// One pass over the rest of the current epoch; returns whether it reached the epoch's end.
+// One pass over the rest of the current epoch; returns whether it reached the epoch's end. A step
+// is accumulate() micro-batches (fewer at the epoch's end); one loss that is not finite, on any
+// rank, stops the run or skips the whole step.
 bool Trainer::run_epoch(TrainReport& report) {
   const int64_t per_epoch = train_.batches_per_epoch();
   int64_t micro = 0, samples = 0;
-  double loss_sum = 0;
+  double loss_sum = 0, nonfinite_loss = 0;
   timer_.start(Phase::data);
   auto step_begin = std::chrono::steady_clock::now();
   for (auto& batch : data::Prefetcher(train_.epoch(state_.epoch, state_.batch_in_epoch), options_.device())) {
-    double loss = forward_backward(batch);
+    const bool last_of_step = ++micro == options_.accumulate() || state_.batch_in_epoch + 1 == per_epoch;
+    double loss = forward_backward(batch, last_of_step);
     ++state_.batch_in_epoch;
-    if (!std::isfinite(loss)) {
-      skip_nonfinite_loss(loss, report);  // drops the micro-batches gathered so far, too
-      micro = samples = 0;
-      loss_sum = 0;
-    } else {
-      ++micro;
-      samples += batch.target.size(0);
-      loss_sum += loss;
-    }
-    if (micro == 0 || (micro < options_.accumulate() && state_.batch_in_epoch < per_epoch)) {
+    samples += batch.target.size(0);
+    (std::isfinite(loss) ? loss_sum : nonfinite_loss) += loss;
+    if (!last_of_step) {
       timer_.start(Phase::data);
       continue;
     }
-    if (!optimizer_step()) ++report.skipped_steps;
-    timer_.end_step(samples);
-    state_.samples += samples;
-    StepInfo info = step_info(state_.epoch, samples, loss_sum / double(micro));
-    info.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_begin).count();
+    const StepTotals totals = step_totals(loss_sum, micro, samples, nonfinite_loss);
     micro = samples = 0;
-    loss_sum = 0;
+    loss_sum = nonfinite_loss = 0;
+    if (totals.nonfinite_rank >= 0) {
+      skip_nonfinite_loss(totals, report);
+      timer_.start(Phase::data);
+      step_begin = std::chrono::steady_clock::now();
+      continue;
+    }
+    if (!optimizer_step()) ++report.skipped_steps;
+    timer_.end_step(totals.samples);
+    state_.samples += totals.samples;
+    StepInfo info = step_info(state_.epoch, totals.samples, totals.loss_sum / double(totals.micro_batches));
+    info.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_begin).count();
     if (after_step(info, report)) break;
     timer_.start(Phase::data);
     step_begin = std::chrono::steady_clock::now();
@@ -254,6 +309,7 @@ TrainReport Trainer::fit() {
         evaluate_into(/*epoch_end=*/true, report);
       }
       update_stop_reason();
+      agree_to_stop();
     }
     save();
   }
@@ -266,6 +322,8 @@ TrainReport Trainer::fit() {
   report.peak_rss_mb = profile::peak_rss_mb();
   report.peak_tensor_mb = double(profile::TensorMemory::peak_bytes()) / (1 << 20);
   report.stop_reason = stop_reason_.empty() ? "completed" : stop_reason_;
+  report.world_size = world_size_;
+  if (options_.replicas()) report.communication = options_.replicas()->communication();
   for (auto& callback : callbacks_) callback->on_train_end(report);
   return report;
 }

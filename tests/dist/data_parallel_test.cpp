@@ -15,9 +15,9 @@
 
 #include "afterburner/data/loader.h"
 #include "afterburner/dist/data_parallel.h"
+#include "afterburner/dist/launch.h"
 #include "afterburner/models/zoo.h"
 #include "afterburner/train/optim.h"
-#include "ports.h"
 #include "testing.h"
 
 namespace afterburner::dist {
@@ -55,9 +55,9 @@ std::vector<torch::Tensor> train(const data::Shard& shard, const TrainingRun& ru
   for (int64_t epoch = 0; steps < run.steps; ++epoch) {
     for (auto& batch : loader.epoch(epoch)) {
       if (steps == run.kill_at_step) std::raise(SIGKILL);
-      if (parallel) parallel->before_forward();
-      auto loss = torch::nn::functional::cross_entropy(model->forward(batch.input), batch.target) / double(run.accumulate);
       const bool last_micro_batch = ++micro % run.accumulate == 0;
+      if (parallel) parallel->before_forward(/*synchronised=*/last_micro_batch);
+      auto loss = torch::nn::functional::cross_entropy(model->forward(batch.input), batch.target) / double(run.accumulate);
       if (parallel && last_micro_batch) parallel->before_backward();
       loss.backward();
       if (!last_micro_batch) continue;
@@ -119,7 +119,7 @@ class TwoRanks : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
 TEST_P(TwoRanks, EndAsOneProcessOfTheirTotalBatch) {
   const auto [accumulate, flat] = GetParam();
   testing::TempDir dir;
-  const int port = unused_port();
+  const int port = free_port("127.0.0.1");
   auto results = run_ranks([&](int rank) {
     return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_PORT={}", port),
                                     fmt::format("AFTERBURNER_TEST_ACCUMULATE={}", accumulate),
@@ -148,7 +148,7 @@ TEST_P(TwoRanks, EndAsOneProcessOfTheirTotalBatch) {
 
 // A rank whose model has another shape stops the job at the start, saying so.
 TEST(DataParallel, RanksWithDifferentModelsFailAtTheStart) {
-  const int port = unused_port();
+  const int port = free_port("127.0.0.1");
   auto results = run_ranks([&](int rank) {
     return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_PORT={}", port), "AFTERBURNER_TEST_TIMEOUT=10",
                                     fmt::format("AFTERBURNER_TEST_CLASSES={}", rank == 0 ? 4 : 5)};
@@ -160,7 +160,7 @@ TEST(DataParallel, RanksWithDifferentModelsFailAtTheStart) {
 
 // A rank killed mid-training makes the other fail in its next backward instead of waiting.
 TEST(DataParallel, ARankKilledMidTrainingMakesTheOtherFail) {
-  const int port = unused_port();
+  const int port = free_port("127.0.0.1");
   auto results = run_ranks([&](int rank) {
     return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_PORT={}", port), "AFTERBURNER_TEST_TIMEOUT=10",
                                     "AFTERBURNER_TEST_STEPS=100000",

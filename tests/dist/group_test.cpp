@@ -1,10 +1,6 @@
 // Joining a job on c10d's TCPStore and ProcessGroupGloo: with a Python torch.distributed rank
 // (real processes, one group), torchrun's variables, and the errors a job can meet at start.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -16,36 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include "afterburner/dist/group.h"
-#include "ports.h"
+#include "afterburner/dist/launch.h"
+#include "fixtures.h"
 #include "testing.h"
 
 namespace afterburner::dist {
 namespace {
 
-// A listening TCP socket on a port the kernel chose; closing it frees the port for the test.
-class Listener {
- public:
-  Listener() : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t size = sizeof address;
-    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&address), size), 0);
-    EXPECT_EQ(listen(fd_, 1), 0);
-    EXPECT_EQ(getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &size), 0);
-    port_ = ntohs(address.sin_port);
-  }
-  ~Listener() { close(); }
-  void close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int port() const { return port_; }
-
- private:
-  int fd_;
-  int port_ = 0;
-};
 
 
 GroupOptions two_ranks(int port, int64_t rank) {
@@ -57,7 +30,7 @@ GroupOptions two_ranks(int port, int64_t rank) {
 class WithPython : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(WithPython, AllreduceAndBroadcastInOneGroup) {
-  const int port = unused_port();
+  const int port = free_port("127.0.0.1");
   const int64_t ours = GetParam(), theirs = 1 - ours;
   auto python = std::async(std::launch::async, [&] {
     return testing::run({"/usr/bin/python3", (testing::source_dir() / "tests/dist/python_peer.py").string(), "--port",
@@ -88,7 +61,7 @@ INSTANTIATE_TEST_SUITE_P(Dist, WithPython, ::testing::Values(0, 1), [](const aut
 });
 
 TEST(Group, ASingleRankJobSumsToItself) {
-  Group group = join_group(GroupOptions().master_port(unused_port()).world_size(1));
+  Group group = join_group(GroupOptions().master_port(free_port("127.0.0.1")).world_size(1));
   std::vector<torch::Tensor> tensors{torch::arange(5, torch::kFloat)};
   group.process_group->allreduce(tensors)->wait();
   EXPECT_TRUE(torch::equal(tensors[0], torch::arange(5, torch::kFloat)));
@@ -113,33 +86,19 @@ TEST(Group, APortInUseIsOneClearLine) {
 // the address and the timeout in the message.
 TEST(Group, AJobThatDoesNotAssembleFailsAfterTheTimeout) {
   auto message = testing::error_message<DistError>([] {
-    join_group(GroupOptions().master_port(unused_port()).world_size(2).timeout(std::chrono::seconds(2)));
+    join_group(GroupOptions().master_port(free_port("127.0.0.1")).world_size(2).timeout(std::chrono::seconds(2)));
   });
   EXPECT_TRUE(testing::Contains(message, "127.0.0.1:"));
   EXPECT_TRUE(testing::Contains(message, "within 2 s"));
 }
 
 // Scoped environment variables.
-class Environment {
- public:
-  void set(const char* name, const char* value) {
-    names_.push_back(name);
-    setenv(name, value, 1);
-  }
-  ~Environment() {
-    for (const auto& name : names_) unsetenv(name.c_str());
-  }
-
- private:
-  std::vector<std::string> names_;
-};
-
 TEST(Group, TorchrunsVariablesGiveTheOptions) {
   {
-    Environment none;
+    ScopedEnvironment none;
     EXPECT_FALSE(options_from_environment().has_value());
   }
-  Environment env;
+  ScopedEnvironment env;
   env.set("RANK", "1");
   env.set("WORLD_SIZE", "4");
   env.set("MASTER_ADDR", "10.0.0.7");
@@ -161,10 +120,4 @@ TEST(Group, TorchrunsVariablesGiveTheOptions) {
 }
 
 }  // namespace
-
-int unused_port() {
-  Listener listener;
-  return listener.port();
-}
-
 }  // namespace afterburner::dist

@@ -6,12 +6,14 @@
 //   auto group = afterburner::dist::join_group(options);
 //   afterburner::dist::DataParallel parallel(*model, group);     // broadcasts rank 0's weights
 //   for (auto& batch : loader.epoch(epoch)) {                   // this rank's shard
-//     parallel.before_forward();
+//     parallel.before_forward(/*synchronised=*/true);           // false for no_sync micro-batches
 //     auto loss = loss_fn(model->forward(batch.input), batch.target);
-//     parallel.before_backward();                               // omit for no_sync micro-batches
+//     parallel.before_backward();                               // only when synchronised
 //     loss.backward();                                          // grads: the mean over all ranks
 //     optimizer.step();
 //   }
+//
+// It is the train::Replicas a TrainingSession takes: TrainingSession(config, data, replicate).
 #pragma once
 
 #include <torch/arg.h>
@@ -21,6 +23,7 @@
 #include <memory>
 
 #include "afterburner/dist/group.h"
+#include "afterburner/train/replicas.h"
 
 namespace afterburner::dist {
 
@@ -29,19 +32,22 @@ struct DataParallelOptions {
   TORCH_ARG(int64_t, first_bucket_mb) = 1;  // the first bucket, small so that communication starts early
 };
 
-class DataParallel {
+class DataParallel : public train::Replicas {
  public:
   // Checks that every rank has the same parameters (count, shapes, dtypes) and broadcasts rank 0's
   // parameters and buffers; DistError naming the difference otherwise.
   DataParallel(torch::nn::Module& model, const Group& group, const DataParallelOptions& options = DataParallelOptions());
-  ~DataParallel();
+  ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  void before_forward();
-  // The next backward averages the gradients over the ranks. Without this call a backward only
-  // accumulates locally (no_sync: gradient accumulation's micro-batches but the last).
-  void before_backward();
+  int64_t rank() const override;
+  int64_t world_size() const override;
+  void before_forward(bool synchronised) override;
+  void before_backward() override;
+  void sum(torch::Tensor& values) override;  // an allreduce on the group
+  // The Reducer's averages over the steps so far (each recorded at the next step's forward).
+  train::CommunicationStats communication() override;
 
  private:
   struct Engine;

@@ -20,7 +20,7 @@ struct TrainConfig {
   // The default recipe reaches 91% on Fashion-MNIST's cnn in the fewest samples measured
   // (docs/time-to-accuracy.md): no augmentation, Nesterov SGD at 0.1, cosine over 3 epochs.
   int64_t epochs = 3;
-  int64_t batch_size = 128;
+  int64_t batch_size = 128;        // over all data-parallel ranks: each of N takes batch_size / N
   int64_t eval_batch_size = 128;   // 1000 was 4x slower: its activations spill the caches
   double lr = 0.1;
   std::string optimizer = "sgd";
@@ -61,6 +61,13 @@ struct TrainConfig {
   std::string progress = "auto";   // auto | bar | log | none
   int64_t profile_steps = 0;       // > 0: profile this many steps and print the op table
   std::string trace;               // Chrome trace path for the profiled steps
+  // Data-parallel training (dist/training.h); torchrun's variables, when set, take precedence.
+  int64_t nproc = 1;                       // ranks on this machine, each on its share of the cores
+  int64_t nnodes = 1;                      // machines in the job
+  int64_t node_rank = 0;                   // this machine's index among them
+  std::string master_addr = "127.0.0.1";   // the machine of rank 0, which serves the rendezvous
+  int64_t master_port = 0;                 // 0 = a free port on one machine, 29500 across machines
+  double dist_timeout = 60;                // seconds a rank waits for the others before failing
 };
 
 struct ConfigField {

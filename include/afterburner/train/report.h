@@ -31,6 +31,14 @@ struct EvalPoint {
   double loss = 0;
 };
 
+// What averaging the gradients over the ranks cost per optimizer step, as c10d's Reducer
+// measured it: from the first bucket's allreduce to the last one's end, and the part of that
+// during which backward was still computing (hidden behind it).
+struct CommunicationStats {
+  double ms_per_step = 0;
+  double hidden_ms_per_step = 0;
+};
+
 struct TrainReport {
   std::map<std::string, std::string> config;  // every TrainConfig field's text, when run_training() made it
   std::string model;
@@ -38,6 +46,8 @@ struct TrainReport {
   int64_t batch_size = 0;
   int64_t threads = 0;
   int64_t workers = 0;
+  int64_t world_size = 1;              // ranks training together; speeds and samples count them all
+  std::optional<CommunicationStats> communication;  // with more than one rank
   int64_t trainable_parameters = 0;
   int64_t steps = 0;                   // optimizer steps taken (all sessions of a resumed run)
   int64_t skipped_steps = 0;           // steps dropped for an inf/NaN loss or gradient

@@ -11,11 +11,14 @@
 #include <string>
 
 #include "afterburner/train/config.h"
+#include "afterburner/train/replicas.h"
 #include "afterburner/train/report.h"
 
 namespace afterburner::train {
 
-TrainReport run_training(const TrainConfig& config);
+// With `replicate`, one rank of data-parallel training (see TrainingSession); only rank 0 writes
+// the report and the exported model.
+TrainReport run_training(const TrainConfig& config, const Replicate& replicate = {});
 
 // The checkpoint file inside a --checkpoint-dir.
 std::string checkpoint_file(const std::string& checkpoint_dir);

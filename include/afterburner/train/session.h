@@ -18,6 +18,7 @@
 #include "afterburner/data/dataset.h"
 #include "afterburner/train/callbacks.h"
 #include "afterburner/train/config.h"
+#include "afterburner/train/replicas.h"
 #include "afterburner/train/report.h"
 
 namespace afterburner::train {
@@ -44,7 +45,10 @@ struct StepMeasurement {
 
 class TrainingSession {
  public:
-  TrainingSession(const TrainConfig& config, const TrainingData& data);
+  // With `replicate`, one rank of data-parallel training: the model it builds is wrapped, the
+  // training set sharded and the evaluation set split over the ranks, and only rank 0 reports
+  // progress, logs and checkpoints.
+  TrainingSession(const TrainConfig& config, const TrainingData& data, const Replicate& replicate = {});
   ~TrainingSession();
   TrainingSession(const TrainingSession&) = delete;
   TrainingSession& operator=(const TrainingSession&) = delete;
@@ -65,6 +69,7 @@ class TrainingSession {
   void add_callback(CallbackPtr callback);  // observes fit()
 
   const TrainConfig& config() const;
+  int64_t rank() const;  // 0 without replicas
   torch::nn::Sequential exportable_model() const;  // the model as built, sharing the trained parameters
 
  private:

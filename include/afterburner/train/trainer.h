@@ -28,6 +28,7 @@
 #include "afterburner/train/checkpoint.h"
 #include "afterburner/train/optim.h"
 #include "afterburner/train/precision.h"
+#include "afterburner/train/replicas.h"
 #include "afterburner/train/report.h"
 
 namespace afterburner::train {
@@ -53,6 +54,9 @@ struct TrainerOptions {
   TORCH_ARG(GradScalerOptions, scaler) = GradScalerOptions().enabled(false);
   // Where the model lives; batches are staged there (pinned, asynchronous copies on CUDA).
   TORCH_ARG(torch::Device, device) = torch::kCPU;
+  // Data-parallel training: the loaders hold this rank's shards; gradients, losses, stop
+  // decisions and evaluations are combined over the ranks, and only rank 0 saves checkpoints.
+  TORCH_ARG(std::shared_ptr<Replicas>, replicas) = nullptr;
 };
 
 class Trainer {
@@ -70,8 +74,9 @@ class Trainer {
   // forward_backward() for each of the step's accumulate() micro-batches, then optimizer_step().
   //
   // Forward (under autocast) and backward of one micro-batch; returns its (unscaled) loss, and
-  // skips the backward when that loss is not finite.
-  double forward_backward(const data::Batch& batch);
+  // skips the backward when that loss is not finite (unless replicas wait for it). With replicas,
+  // `last_of_step` says whether this backward averages the gradients over the ranks.
+  double forward_backward(const data::Batch& batch, bool last_of_step = true);
   // Sets the step's learning rate (the schedule's, or `lr` for a range test), clips, steps (unless
   // the scaler finds inf/NaN), clears the gradients and counts the step in state().step; false if
   // the step was skipped.
@@ -83,9 +88,14 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
 
  private:
+  struct StepTotals;
   void discard_gradients();
-  // Throws TrainingError naming the step, or with skip_nonfinite drops the step's gradients.
-  void skip_nonfinite_loss(double loss, TrainReport& report);
+  // The step's losses and samples, summed over the ranks.
+  StepTotals step_totals(double loss_sum, int64_t micro_batches, int64_t samples, double nonfinite_loss);
+  // Throws TrainingError naming the step (and the rank), or with skip_nonfinite drops the step's gradients.
+  void skip_nonfinite_loss(const StepTotals& totals, TrainReport& report);
+  // Whether any rank wants to stop (a callback's time or profile limit); sets stop_reason_ if so.
+  void agree_to_stop();
   bool run_epoch(TrainReport& report);
   // Evaluation, checkpoint and stop checks due after step `info`; true to stop.
   bool after_step(const StepInfo& info, TrainReport& report);
@@ -109,6 +119,7 @@ class Trainer {
   std::vector<CallbackPtr> callbacks_;
   std::string stop_reason_;
   int64_t last_eval_step_ = -1;
+  int64_t rank_ = 0, world_size_ = 1;
 };
 
 }  // namespace afterburner::train

@@ -1,0 +1,63 @@
+#include "afterburner/dist/training.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+
+#include "afterburner/core/error.h"
+#include "afterburner/dist/data_parallel.h"
+#include "afterburner/dist/launch.h"
+#include "afterburner/train/run.h"
+
+namespace afterburner::dist {
+
+std::optional<train::TrainReport> run_training(const train::TrainConfig& config) {
+  if (auto environment = options_from_environment()) return train_rank(config, *environment);
+  if (config.nproc == 1 && config.nnodes == 1) return train::run_training(config);
+  train::validate(config);  // once, here, rather than once per rank
+  launch_local_ranks(current_command(), LaunchOptions()
+                                            .nproc(config.nproc)
+                                            .nnodes(config.nnodes)
+                                            .node_rank(config.node_rank)
+                                            .master_addr(config.master_addr)
+                                            .master_port(config.master_port == 0 && config.nnodes > 1
+                                                             ? 29500  // torchrun's default
+                                                             : config.master_port));
+  return std::nullopt;
+}
+
+namespace {
+
+// A rank's intra-op threads: --threads, else OMP_NUM_THREADS (the launchers' share of the cores),
+// else all it may use.
+int64_t rank_threads(const train::TrainConfig& config) {
+  const char* variable = std::getenv("OMP_NUM_THREADS");
+  if (config.threads > 0 || variable == nullptr) return config.threads;
+  char* end = nullptr;
+  const long threads = std::strtol(variable, &end, 10);
+  if (*variable == '\0' || *end != '\0' || threads < 1) {
+    throw UsageError("OMP_NUM_THREADS", fmt::format("expected a positive integer, got '{}'", variable));
+  }
+  return threads;
+}
+
+}  // namespace
+
+std::optional<train::TrainReport> train_rank(const train::TrainConfig& config, GroupOptions options) {
+  options.timeout(std::chrono::milliseconds(static_cast<int64_t>(config.dist_timeout * 1000)));
+  train::TrainConfig rank_config = config;
+  rank_config.threads = rank_threads(config);
+  const Group group = join_group(options);
+  try {
+    auto report = train::run_training(
+        rank_config, [&](torch::nn::Module& model) { return std::make_shared<DataParallel>(model, group); });
+    if (group.rank != 0) return std::nullopt;
+    return report;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // c10d's, when another rank is gone or stalled
+    throw DistError(fmt::format("rank {}: training stopped: {}", group.rank, first_line(e)));
+  }
+}
+
+}  // namespace afterburner::dist

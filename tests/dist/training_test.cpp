@@ -1,0 +1,147 @@
+// `afterburner train --nproc N` end to end: real rank processes started by the CLI's launcher,
+// on a small synthetic dataset; against one rank of the same job, across a resume, and when a
+// rank dies.
+#include <gtest/gtest.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <string>
+
+#include "afterburner/dist/launch.h"
+#include "fixtures.h"
+#include "testing.h"
+#include "tools/cli_helpers.h"
+
+namespace afterburner::dist {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandResult;
+
+struct Job {
+  testing::TempDir dir;
+  Job() { testing::write_synthetic_mnist(dir.path()); }
+
+  // `train` on the synthetic set, batch 32 (16 steps an epoch), with `flags` added.
+  std::vector<std::string> args(std::map<std::string, std::string> flags) const {
+    flags.emplace("--batch-size", "32");
+    flags.emplace("--lr", "0.05");
+    return testing::train_args(dir.path(), flags);
+  }
+};
+
+std::vector<torch::Tensor> parameters_of(const fs::path& exported) {
+  std::vector<torch::Tensor> parameters;
+  for (const auto& p : torch::jit::load(exported.string()).parameters()) parameters.push_back(p);
+  return parameters;
+}
+
+double max_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+  return worst;
+}
+
+// Two ranks with 16 samples each per step take the same steps as one rank with 32: the same
+// samples (DistributedSampler's order), their gradients averaged by the Reducer.
+TEST(TrainRanks, TwoRanksEndWhereOneRankOfTheSameJobEnds) {
+  Job job;
+  CommandResult one;
+  {
+    ScopedEnvironment torchrun;  // a job of one rank, as torchrun would start it
+    torchrun.set("RANK", "0");
+    torchrun.set("WORLD_SIZE", "1");
+    torchrun.set("MASTER_ADDR", "127.0.0.1");
+    torchrun.set("MASTER_PORT", std::to_string(free_port("127.0.0.1")));
+    one = testing::run_cli(job.args({{"--max-steps", "12"}, {"--export", (job.dir / "one.pt").string()},
+                                     {"--report", (job.dir / "one.json").string()}}));
+  }
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  auto two = testing::run_cli(job.args({{"--nproc", "2"}, {"--max-steps", "12"},
+                                        {"--export", (job.dir / "two.pt").string()},
+                                        {"--report", (job.dir / "two.json").string()}}));
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_LT(max_difference(parameters_of(job.dir / "one.pt"), parameters_of(job.dir / "two.pt")), 1e-5);
+
+  auto report = testing::read_json(job.dir / "two.json");
+  EXPECT_EQ(report["world_size"], 2);
+  EXPECT_EQ(report["steps"], 12);
+  EXPECT_EQ(report["evaluations"].back()["samples"], 12 * 32);  // both ranks' samples
+  EXPECT_GT(report["communication"]["ms_per_step"].get<double>(), 0);
+  const double hidden = report["communication"]["hidden_share"];
+  EXPECT_GE(hidden, 0);
+  EXPECT_LE(hidden, 1);
+  // Evaluation splits the test set over the ranks and adds up: the same accuracy as one rank's.
+  EXPECT_NEAR(report["test_accuracy"].get<double>(), testing::read_json(job.dir / "one.json")["test_accuracy"].get<double>(),
+              1.0 / 256);
+  EXPECT_TRUE(testing::Contains(two.out, "ranks              2, each with batch 16"));
+}
+
+TEST(TrainRanks, ResumeWithTheSameRanksContinuesExactly) {
+  Job job;
+  auto straight = testing::run_cli(job.args({{"--nproc", "2"}, {"--max-steps", "10"},
+                                             {"--export", (job.dir / "straight.pt").string()}}));
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  const std::string checkpoints = (job.dir / "checkpoints").string();
+  auto first = testing::run_cli(job.args({{"--nproc", "2"}, {"--max-steps", "5"}, {"--checkpoint-dir", checkpoints},
+                                          {"--checkpoint-every", "5"}}));
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  auto resumed = testing::run_cli(job.args({{"--nproc", "2"}, {"--max-steps", "10"}, {"--checkpoint-dir", checkpoints},
+                                            {"--resume", ""}, {"--export", (job.dir / "resumed.pt").string()}}));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(max_difference(parameters_of(job.dir / "straight.pt"), parameters_of(job.dir / "resumed.pt")), 0);
+}
+
+// SIGKILL of rank 1 mid-training: rank 0 fails in its next collective, the launcher names rank 1,
+// well within the timeout.
+TEST(TrainRanks, KilledRankStopsTheJobNamingIt) {
+  Job job;
+  std::vector<std::string> command{testing::cli_binary().string()};
+  for (const auto& arg : job.args({{"--nproc", "2"}, {"--epochs", "500"}, {"--dist-timeout", "60"}})) {
+    command.push_back(arg);
+  }
+  // The shell starts the job, waits until rank 1 has trained a while, kills it and reports how
+  // the job ended.
+  const std::string script = R"(
+"$@" & launcher=$!
+for i in $(seq 100); do
+  for child in $(cat /proc/$launcher/task/*/children 2>/dev/null); do
+    tr '\0' '\n' < /proc/$child/environ 2>/dev/null | grep -qx RANK=1 && rank1=$child
+  done
+  [ -n "$rank1" ] && break; sleep 0.1
+done
+sleep 4; kill -9 $rank1; wait $launcher)";
+  std::vector<std::string> argv{"bash", "-c", script, "job"};
+  argv.insert(argv.end(), command.begin(), command.end());
+  const auto start = std::chrono::steady_clock::now();
+  auto result = testing::run(argv);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_LT(seconds, 4 + 30) << "the job took as long as the timeout to stop";
+  EXPECT_TRUE(testing::Contains(result.err, "afterburner: rank 1 (pid ")) << result.err;
+  EXPECT_TRUE(testing::Contains(result.err, "was killed by signal 9")) << result.err;
+  EXPECT_TRUE(testing::Contains(result.err, "afterburner: rank 0: training stopped: ")) << result.err;
+  for (const auto& line : testing::error_lines(result.err)) EXPECT_EQ(line.rfind("afterburner: ", 0), 0u) << line;
+}
+
+TEST(TrainRanks, JobsThatCannotRunFailAtStartWithOneLine) {
+  Job job;
+  EXPECT_TRUE(testing::fails_with(testing::run_cli(job.args({{"--nproc", "2"}, {"--batch-size", "33"}})), 2,
+                                  {"--batch-size", "must divide evenly over the 2 ranks, got 33"}));
+  EXPECT_TRUE(testing::fails_with(testing::run_cli(job.args({{"--nnodes", "2"}, {"--node-rank", "2"}})), 2,
+                                  {"--node-rank", "must be below --nnodes 2, got 2"}));
+  EXPECT_TRUE(testing::fails_with(testing::run_cli(job.args({{"--nproc", "2"}, {"--master-port", "70000"}})), 2,
+                                  {"--master-port", "must be at most 65535"}));
+  EXPECT_TRUE(testing::fails_with(testing::run_cli(job.args({{"--nproc", "2"}, {"--master-addr", "not-an-address"}})),
+                                  2, {"--master-addr", "'not-an-address' is not an IPv4 address"}));
+  // A port someone listens on: the launcher refuses it before starting any rank.
+  Listener taken;
+  const std::string port = std::to_string(taken.port());
+  EXPECT_TRUE(testing::fails_with(testing::run_cli(job.args({{"--nproc", "2"}, {"--master-port", port}})), 1,
+                                  {"127.0.0.1:" + port + ": the rendezvous port is already in use"}));
+}
+
+}  // namespace
+}  // namespace afterburner::dist
