@@ -5,9 +5,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <thread>
-
 
 namespace afterburner::dist {
 namespace {
@@ -82,6 +85,41 @@ void store_barrier(c10d::Store& store, const GroupOptions& o) {
   }
 }
 
+// This machine's address on the route to `host` (a UDP connect sends nothing): where the ranks
+// that reach the master reach this one. Empty when the route cannot be found.
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) return "";
+  std::string local;
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_storage address{};
+  socklen_t size = sizeof(address);
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) == 0) {
+    char text[NI_MAXHOST];
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&address), size, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) == 0) {
+      local = text;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return local;
+}
+
+// The interface Gloo listens on: GLOO_SOCKET_IFNAME's, as in Python; else the one on the route to
+// the master. (c10d's default resolves the hostname, which on a machine whose hostname maps to
+// no address of its own, or in a network namespace, falls back to loopback: unreachable.)
+std::shared_ptr<gloo::transport::Device> gloo_device(const GroupOptions& o) {
+  if (auto interface = variable("GLOO_SOCKET_IFNAME")) return c10d::ProcessGroupGloo::createDeviceForInterface(*interface);
+  const std::string local = local_address_towards(o.master_addr());
+  if (local.empty()) return c10d::ProcessGroupGloo::createDefaultDevice();
+  return c10d::ProcessGroupGloo::createDeviceForHostname(local);
+}
+
+
 }  // namespace
 
 std::optional<GroupOptions> options_from_environment() {
@@ -104,7 +142,7 @@ Group join_group(const GroupOptions& options) {
   try {
     group.store = connect_store(options);
     auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout());
-    gloo->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    gloo->devices.push_back(gloo_device(options));
     auto process_group = c10::make_intrusive<c10d::ProcessGroupGloo>(
         c10::make_intrusive<c10d::PrefixStore>(kFirstGroupName, group.store), static_cast<int>(options.rank()),
         static_cast<int>(options.world_size()), gloo);

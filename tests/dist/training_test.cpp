@@ -1,11 +1,14 @@
 // `afterburner train --nproc N` end to end: real rank processes started by the CLI's launcher,
-// on a small synthetic dataset; against one rank of the same job, across a resume, and when a
-// rank dies.
+// on a small synthetic dataset; against one rank of the same job, on two hosts (network
+// namespaces), across a resume, and when a rank dies.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/script.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <future>
 #include <string>
 
 #include "afterburner/dist/launch.h"
@@ -77,6 +80,86 @@ TEST(TrainRanks, TwoRanksEndWhereOneRankOfTheSameJobEnds) {
   EXPECT_NEAR(report["test_accuracy"].get<double>(), testing::read_json(job.dir / "one.json")["test_accuracy"].get<double>(),
               1.0 / 256);
   EXPECT_TRUE(testing::Contains(two.out, "ranks              2, each with batch 16"));
+}
+
+// Two network namespaces joined by a veth pair: two machines with their own addresses, as far
+// as the ranks can tell. Removed with everything in them on destruction.
+class TwoHosts {
+ public:
+  TwoHosts() : tag_(std::to_string(getpid() % 100000)), subnet_(fmt::format("10.231.{}", getpid() % 250)) {
+    auto made = testing::run({"ip", "netns", "add", host(0)});
+    if (made.exit_code != 0) {
+      skip_reason_ = "cannot make network namespaces here: " + made.err;
+      return;
+    }
+    created_ = true;
+    for (const auto& command : std::vector<std::vector<std::string>>{
+             {"ip", "netns", "add", host(1)},
+             {"ip", "link", "add", link(0), "type", "veth", "peer", "name", link(1)},
+             {"ip", "link", "set", link(0), "netns", host(0)},
+             {"ip", "link", "set", link(1), "netns", host(1)},
+             {"ip", "-n", host(0), "addr", "add", address(0) + "/24", "dev", link(0)},
+             {"ip", "-n", host(1), "addr", "add", address(1) + "/24", "dev", link(1)},
+             {"ip", "-n", host(0), "link", "set", link(0), "up"},
+             {"ip", "-n", host(1), "link", "set", link(1), "up"},
+             {"ip", "-n", host(0), "link", "set", "lo", "up"},
+             {"ip", "-n", host(1), "link", "set", "lo", "up"}}) {
+      auto result = testing::run(command);
+      if (result.exit_code != 0) {
+        skip_reason_ = "cannot link the network namespaces: " + result.err;
+        return;
+      }
+    }
+  }
+  ~TwoHosts() {
+    if (!created_) return;
+    testing::run({"ip", "netns", "del", host(0)});
+    testing::run({"ip", "netns", "del", host(1)});
+  }
+  TwoHosts(const TwoHosts&) = delete;
+  TwoHosts& operator=(const TwoHosts&) = delete;
+
+  const std::string& skip_reason() const { return skip_reason_; }
+  std::string host(int i) const { return fmt::format("ab{}{}", i, tag_); }
+  std::string address(int i) const { return fmt::format("{}.{}", subnet_, i + 1); }
+  // `afterburner args` run inside host i.
+  std::vector<std::string> on(int i, const std::vector<std::string>& args) const {
+    std::vector<std::string> command{"ip", "netns", "exec", host(i), testing::cli_binary().string()};
+    command.insert(command.end(), args.begin(), args.end());
+    return command;
+  }
+
+ private:
+  std::string link(int i) const { return fmt::format("vab{}{}", i, tag_); }
+  std::string tag_, subnet_, skip_reason_;
+  bool created_ = false;
+};
+
+// One rank on each of two hosts, training over the veth link with --nnodes 2, ends exactly where
+// two ranks on one machine end.
+TEST(TrainRanks, TwoHostsTrainOverTheirLinkAsTwoLocalRanksDo) {
+  TwoHosts hosts;
+  if (!hosts.skip_reason().empty()) GTEST_SKIP() << hosts.skip_reason();
+  Job job;
+  auto node = [&](int i) {
+    return hosts.on(i, job.args({{"--nnodes", "2"}, {"--node-rank", std::to_string(i)},
+                                 {"--master-addr", hosts.address(0)}, {"--master-port", "29500"},
+                                 {"--dist-timeout", "30"}, {"--max-steps", "8"},
+                                 {"--export", (job.dir / fmt::format("node{}.pt", i)).string()},
+                                 {"--report", (job.dir / fmt::format("node{}.json", i)).string()}}));
+  };
+  auto second = std::async(std::launch::async, [&] { return testing::run(node(1)); });
+  auto first = testing::run(node(0));
+  auto second_result = second.get();
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_EQ(second_result.exit_code, 0) << second_result.err;
+  EXPECT_EQ(testing::read_json(job.dir / "node0.json")["world_size"], 2);
+  EXPECT_FALSE(fs::exists(job.dir / "node1.json")) << "only rank 0 reports";
+
+  auto local = testing::run_cli(job.args({{"--nproc", "2"}, {"--max-steps", "8"},
+                                          {"--export", (job.dir / "local.pt").string()}}));
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  EXPECT_EQ(max_difference(parameters_of(job.dir / "node0.pt"), parameters_of(job.dir / "local.pt")), 0);
 }
 
 TEST(TrainRanks, ResumeWithTheSameRanksContinuesExactly) {
