@@ -8,6 +8,7 @@
 #include "afterburner/dist/data_parallel.h"
 #include "afterburner/dist/launch.h"
 #include "afterburner/train/run.h"
+#include "heartbeat.h"
 
 namespace afterburner::dist {
 
@@ -48,6 +49,7 @@ std::optional<train::TrainReport> train_rank(const train::TrainConfig& config, G
   train::TrainConfig rank_config = config;
   rank_config.threads = rank_threads(config);
   const Group group = join_group(options);
+  const Heartbeat heartbeat(group, /*rank0_serves_store=*/!options.agent_store());
   try {
     auto report = train::run_training(
         rank_config, [&](torch::nn::Module& model) { return std::make_shared<DataParallel>(model, group); });
@@ -56,7 +58,9 @@ std::optional<train::TrainReport> train_rank(const train::TrainConfig& config, G
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {  // c10d's, when another rank is gone or stalled
-    throw DistError(fmt::format("rank {}: training stopped: {}", group.rank, first_line(e)));
+    const std::string silent = heartbeat.silent_ranks();
+    const std::string reason = silent.empty() ? first_line(e) : fmt::format("{} ({})", silent, first_line(e));
+    throw DistError(fmt::format("rank {}: training stopped: {}", group.rank, reason));
   }
 }
 

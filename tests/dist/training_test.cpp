@@ -177,17 +177,15 @@ TEST(TrainRanks, ResumeWithTheSameRanksContinuesExactly) {
   EXPECT_EQ(max_difference(parameters_of(job.dir / "straight.pt"), parameters_of(job.dir / "resumed.pt")), 0);
 }
 
-// SIGKILL of rank 1 mid-training: rank 0 fails in its next collective, the launcher names rank 1,
-// well within the timeout.
-TEST(TrainRanks, KilledRankStopsTheJobNamingIt) {
-  Job job;
+// Starts `--nproc 2` on `job`, sends `signal` to rank 1 once it has trained a few seconds, and
+// returns how the job ended and how long it took.
+std::pair<CommandResult, double> signal_rank_1(const Job& job, const std::string& signal, const std::string& timeout) {
   std::vector<std::string> command{testing::cli_binary().string()};
-  for (const auto& arg : job.args({{"--nproc", "2"}, {"--epochs", "500"}, {"--dist-timeout", "60"}})) {
+  for (const auto& arg : job.args({{"--nproc", "2"}, {"--epochs", "500"}, {"--dist-timeout", timeout}})) {
     command.push_back(arg);
   }
-  // The shell starts the job, waits until rank 1 has trained a while, kills it and reports how
-  // the job ended.
   const std::string script = R"(
+signal=$1; shift
 "$@" & launcher=$!
 for i in $(seq 100); do
   for child in $(cat /proc/$launcher/task/*/children 2>/dev/null); do
@@ -195,18 +193,40 @@ for i in $(seq 100); do
   done
   [ -n "$rank1" ] && break; sleep 0.1
 done
-sleep 4; kill -9 $rank1; wait $launcher)";
-  std::vector<std::string> argv{"bash", "-c", script, "job"};
+sleep 4; kill -$signal $rank1; wait $launcher)";
+  std::vector<std::string> argv{"bash", "-c", script, "job", signal};
   argv.insert(argv.end(), command.begin(), command.end());
   const auto start = std::chrono::steady_clock::now();
   auto result = testing::run(argv);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return {result, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+}
+
+void expect_one_line_each(const CommandResult& result) {
+  for (const auto& line : testing::error_lines(result.err)) EXPECT_EQ(line.rfind("afterburner: ", 0), 0u) << line;
+}
+
+// SIGKILL of rank 1 mid-training: rank 0 fails in its next collective naming rank 1, and so does
+// the launcher, well within the timeout.
+TEST(TrainRanks, KilledRankStopsTheJobNamingIt) {
+  Job job;
+  auto [result, seconds] = signal_rank_1(job, "KILL", "60");
   EXPECT_NE(result.exit_code, 0);
   EXPECT_LT(seconds, 4 + 30) << "the job took as long as the timeout to stop";
   EXPECT_TRUE(testing::Contains(result.err, "afterburner: rank 1 (pid ")) << result.err;
   EXPECT_TRUE(testing::Contains(result.err, "was killed by signal 9")) << result.err;
-  EXPECT_TRUE(testing::Contains(result.err, "afterburner: rank 0: training stopped: ")) << result.err;
-  for (const auto& line : testing::error_lines(result.err)) EXPECT_EQ(line.rfind("afterburner: ", 0), 0u) << line;
+  EXPECT_TRUE(testing::Contains(result.err, "afterburner: rank 0: training stopped: rank 1 stopped answering (")) << result.err;
+  expect_one_line_each(result);
+}
+
+// SIGSTOP of rank 1: it neither dies nor answers. Rank 0 fails once --dist-timeout has passed,
+// naming it; the launcher then ends the stalled rank instead of waiting for it.
+TEST(TrainRanks, StalledRankStopsTheJobAfterTheTimeoutNamingIt) {
+  Job job;
+  auto [result, seconds] = signal_rank_1(job, "STOP", "5");
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_LT(seconds, 4 + 5 + 3 + 10 + 5 + 10) << "timeout, heartbeat check, grace, kill, and slack";
+  EXPECT_TRUE(testing::Contains(result.err, "afterburner: rank 0: training stopped: rank 1 stopped answering (")) << result.err;
+  expect_one_line_each(result);
 }
 
 TEST(TrainRanks, JobsThatCannotRunFailAtStartWithOneLine) {
