@@ -233,6 +233,8 @@ TEST(TrainRanks, JobsThatCannotRunFailAtStartWithOneLine) {
   Job job;
   EXPECT_TRUE(testing::fails_with(testing::run_cli(job.args({{"--nproc", "2"}, {"--batch-size", "33"}})), 2,
                                   {"--batch-size", "must divide evenly over the 2 ranks, got 33"}));
+  EXPECT_TRUE(testing::fails_with(testing::run_cli(job.args({{"--nproc", "2"}, {"--model", "resnet"}})), 2,
+                                  {"--nproc", "model 'resnet' has BatchNorm layers", "no SyncBatchNorm"}));
   EXPECT_TRUE(testing::fails_with(testing::run_cli(job.args({{"--nnodes", "2"}, {"--node-rank", "2"}})), 2,
                                   {"--node-rank", "must be below --nnodes 2, got 2"}));
   EXPECT_TRUE(testing::fails_with(testing::run_cli(job.args({{"--nproc", "2"}, {"--master-port", "70000"}})), 2,
