@@ -162,6 +162,29 @@ TEST(TrainRanks, TwoHostsTrainOverTheirLinkAsTwoLocalRanksDo) {
   EXPECT_EQ(max_difference(parameters_of(job.dir / "node0.pt"), parameters_of(job.dir / "local.pt")), 0);
 }
 
+// torchrun itself launching afterburner (its static rendezvous: every rank a client of the
+// agent's store under /worker/attempt_0): the same bits as afterburner's own launcher.
+TEST(TrainRanks, TorchrunLaunchesTheRanksAsOurLauncherDoes) {
+  if (!fs::exists("/usr/bin/torchrun")) GTEST_SKIP() << "Debian's torchrun (python3-torch) is not installed";
+  Job job;
+  std::vector<std::string> command{"/usr/bin/torchrun", "--nproc_per_node", "2", "--no_python",
+                                   // Debian's torchrun crashes under Python 3.11 without these (pytorch#92319).
+                                   "--redirects", "1", "--tee", "1",
+                                   "--master_port", std::to_string(free_port("127.0.0.1")),
+                                   testing::cli_binary().string()};
+  for (const auto& arg : job.args({{"--max-steps", "6"}, {"--export", (job.dir / "torchrun.pt").string()},
+                                   {"--report", (job.dir / "torchrun.json").string()}})) {
+    command.push_back(arg);
+  }
+  auto launched = testing::run(command);
+  ASSERT_EQ(launched.exit_code, 0) << launched.err;
+  EXPECT_EQ(testing::read_json(job.dir / "torchrun.json")["world_size"], 2);
+  auto ours = testing::run_cli(job.args({{"--nproc", "2"}, {"--max-steps", "6"},
+                                         {"--export", (job.dir / "ours.pt").string()}}));
+  ASSERT_EQ(ours.exit_code, 0) << ours.err;
+  EXPECT_EQ(max_difference(parameters_of(job.dir / "torchrun.pt"), parameters_of(job.dir / "ours.pt")), 0);
+}
+
 TEST(TrainRanks, ResumeWithTheSameRanksContinuesExactly) {
   Job job;
   auto straight = testing::run_cli(job.args({{"--nproc", "2"}, {"--max-steps", "10"},
