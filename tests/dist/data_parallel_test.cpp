@@ -18,6 +18,7 @@
 #include "afterburner/dist/launch.h"
 #include "afterburner/models/zoo.h"
 #include "afterburner/train/optim.h"
+#include "fixtures.h"
 #include "testing.h"
 
 namespace afterburner::dist {
@@ -95,24 +96,6 @@ TEST(DataParallelRank, Trains) {
   torch::save(parameters, variable("AFTERBURNER_TEST_OUTPUT", ""));
 }
 
-// Runs DataParallelRank.Trains as ranks 0 and 1, each in its own process, with `settings(rank)`
-// as its environment.
-std::vector<testing::CommandResult> run_ranks(const std::function<std::vector<std::string>(int)>& settings) {
-  std::vector<std::future<testing::CommandResult>> ranks;
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks.push_back(std::async(std::launch::async, [&, rank] {
-      std::vector<std::string> argv{"/usr/bin/env", fmt::format("AFTERBURNER_TEST_RANK={}", rank)};
-      for (const auto& setting : settings(rank)) argv.push_back(setting);
-      argv.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
-      argv.push_back("--gtest_filter=DataParallelRank.Trains");
-      return testing::run(argv);
-    }));
-  }
-  std::vector<testing::CommandResult> results;
-  for (auto& rank : ranks) results.push_back(rank.get());
-  return results;
-}
-
 // (accumulation, flat optimizer)
 class TwoRanks : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
 
@@ -120,7 +103,7 @@ TEST_P(TwoRanks, EndAsOneProcessOfTheirTotalBatch) {
   const auto [accumulate, flat] = GetParam();
   testing::TempDir dir;
   const int port = free_port("127.0.0.1");
-  auto results = run_ranks([&](int rank) {
+  auto results = run_ranks("DataParallelRank.Trains", [&](int rank) {
     return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_PORT={}", port),
                                     fmt::format("AFTERBURNER_TEST_ACCUMULATE={}", accumulate),
                                     fmt::format("AFTERBURNER_TEST_FLAT={}", flat ? 1 : 0),
@@ -149,7 +132,7 @@ TEST_P(TwoRanks, EndAsOneProcessOfTheirTotalBatch) {
 // A rank whose model has another shape stops the job at the start, saying so.
 TEST(DataParallel, RanksWithDifferentModelsFailAtTheStart) {
   const int port = free_port("127.0.0.1");
-  auto results = run_ranks([&](int rank) {
+  auto results = run_ranks("DataParallelRank.Trains", [&](int rank) {
     return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_PORT={}", port), "AFTERBURNER_TEST_TIMEOUT=10",
                                     fmt::format("AFTERBURNER_TEST_CLASSES={}", rank == 0 ? 4 : 5)};
   });
@@ -161,7 +144,7 @@ TEST(DataParallel, RanksWithDifferentModelsFailAtTheStart) {
 // A rank killed mid-training makes the other fail in its next backward instead of waiting.
 TEST(DataParallel, ARankKilledMidTrainingMakesTheOtherFail) {
   const int port = free_port("127.0.0.1");
-  auto results = run_ranks([&](int rank) {
+  auto results = run_ranks("DataParallelRank.Trains", [&](int rank) {
     return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_PORT={}", port), "AFTERBURNER_TEST_TIMEOUT=10",
                                     "AFTERBURNER_TEST_STEPS=100000",
                                     fmt::format("AFTERBURNER_TEST_KILL_AT_STEP={}", rank == 1 ? 5 : -1)};

@@ -1,5 +1,6 @@
 // What the distributed tests share: environment variables set for the length of a scope
-// (torchrun's, for a rank the test starts), and a port someone listens on.
+// (torchrun's, for a rank the test starts), a port someone listens on, and ranks started as
+// processes of the test binary itself.
 #pragma once
 
 #include <arpa/inet.h>
@@ -8,9 +9,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <future>
 #include <string>
 #include <vector>
+
+#include "testing.h"
 
 namespace afterburner::dist {
 
@@ -55,5 +63,24 @@ class Listener {
   int fd_;
   int port_ = 0;
 };
+
+// Runs this test binary's `rank_test` (a test that skips unless AFTERBURNER_TEST_RANK is set) as
+// ranks 0 and 1, each in its own process, with `settings(rank)` ("NAME=value") as its environment.
+inline std::vector<testing::CommandResult> run_ranks(const std::string& rank_test,
+                                                     const std::function<std::vector<std::string>(int)>& settings) {
+  std::vector<std::future<testing::CommandResult>> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.push_back(std::async(std::launch::async, [&, rank] {
+      std::vector<std::string> argv{"/usr/bin/env", fmt::format("AFTERBURNER_TEST_RANK={}", rank)};
+      for (const auto& setting : settings(rank)) argv.push_back(setting);
+      argv.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
+      argv.push_back("--gtest_filter=" + rank_test);
+      return testing::run(argv);
+    }));
+  }
+  std::vector<testing::CommandResult> results;
+  for (auto& rank : ranks) results.push_back(rank.get());
+  return results;
+}
 
 }  // namespace afterburner::dist
