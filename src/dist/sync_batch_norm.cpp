@@ -18,11 +18,11 @@ void allreduce(c10d::ProcessGroup& group, torch::Tensor& values) {
   group.allreduce(tensors)->wait();
 }
 
-// Per channel of x [N, C, ...], over every other dimension: shape [C].
+// Per channel of x [N, C, ...], over every other dimension, accumulated in double: shape [C].
 torch::Tensor channel_sum(const torch::Tensor& x) {
   std::vector<int64_t> dims{0};
   for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
-  return x.sum(dims);
+  return x.sum(dims, /*keepdim=*/false, torch::kDouble);
 }
 
 // [C] -> [1, C, 1, ...], to broadcast against x.
@@ -42,7 +42,7 @@ struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFun
                                double momentum, double eps, c10d::ProcessGroup* group) {
     const auto x = input.to(torch::kFloat);
     const int64_t channels = x.size(1);
-    auto sums = torch::cat({channel_sum(x).to(torch::kDouble), channel_sum(x * x).to(torch::kDouble),
+    auto sums = torch::cat({channel_sum(x), channel_sum(x * x),
                             torch::full({1}, double(x.numel() / channels), torch::kDouble)});
     allreduce(*group, sums);
     const double count = sums[2 * channels].item<double>();
@@ -74,7 +74,7 @@ struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFun
     const auto dy = grad_outputs[0].to(torch::kFloat);
     const auto sum_dy = channel_sum(dy);
     const auto sum_dy_x_hat = channel_sum(dy * x_hat);
-    auto sums = torch::cat({sum_dy, sum_dy_x_hat}).to(torch::kDouble);
+    auto sums = torch::cat({sum_dy, sum_dy_x_hat});
     allreduce(*group, sums);
     const int64_t channels = x_hat.size(1);
     const auto mean_dy = (sums.slice(0, 0, channels) / count).to(torch::kFloat);
@@ -97,5 +97,32 @@ torch::Tensor sync_batch_norm(const torch::Tensor& input, const torch::Tensor& w
   }
   return SyncBatchNormFunction::apply(input, weight, bias, running_mean, running_var, momentum, eps, group.get());
 }
+
+SyncBatchNorm2dImpl::SyncBatchNorm2dImpl(int64_t channels, Group group)
+    : channels_(channels), group_(std::move(group)) {
+  reset();
+}
+
+void SyncBatchNorm2dImpl::reset() {
+  weight = register_parameter("weight", torch::ones({channels_}));
+  bias = register_parameter("bias", torch::zeros({channels_}));
+  running_mean = register_buffer("running_mean", torch::zeros({channels_}));
+  running_var = register_buffer("running_var", torch::ones({channels_}));
+  num_batches_tracked = register_buffer("num_batches_tracked", torch::zeros({}, torch::kLong));
+}
+
+torch::Tensor SyncBatchNorm2dImpl::forward(const torch::Tensor& input) {
+  if (!is_training()) {
+    return torch::batch_norm(input, weight, bias, running_mean, running_var, /*training=*/false, 0.0, kEps,
+                             /*cudnn_enabled=*/false);
+  }
+  {
+    torch::NoGradGuard no_grad;
+    num_batches_tracked.add_(1);
+  }
+  return sync_batch_norm(input, weight, bias, running_mean, running_var, kMomentum, kEps, group_.process_group);
+}
+
+std::string SyncBatchNorm2dImpl::torchscript_forward() const { return models::batch_norm_torchscript(kEps); }
 
 }  // namespace afterburner::dist

@@ -7,23 +7,12 @@
 #include "afterburner/core/error.h"
 #include "afterburner/dist/data_parallel.h"
 #include "afterburner/dist/launch.h"
-#include "afterburner/models/zoo.h"
+#include "afterburner/dist/sync_batch_norm.h"
 #include "afterburner/train/run.h"
 #include "heartbeat.h"
 
 namespace afterburner::dist {
 namespace {
-
-// BatchNorm's running statistics would stay each rank's own (and its batch statistics its shard's)
-// until SyncBatchNorm comes: refuse rather than train something else than the user asked for.
-void check_replicable(const train::TrainConfig& config) {
-  if (!models::make_model(config.model)->buffers().empty()) {
-    throw UsageError("--nproc", fmt::format("model '{}' has BatchNorm layers, whose statistics data-parallel "
-                                            "training does not synchronise yet (no SyncBatchNorm): train it in one "
-                                            "process",
-                                            config.model));
-  }
-}
 
 // A rank's intra-op threads: --threads, else OMP_NUM_THREADS (the launchers' share of the cores),
 // else all it may use.
@@ -44,7 +33,6 @@ std::optional<train::TrainReport> run_training(const train::TrainConfig& config)
   if (auto environment = options_from_environment()) return train_rank(config, *environment);
   if (config.nproc == 1 && config.nnodes == 1) return train::run_training(config);
   train::validate(config);  // once, here, rather than once per rank
-  check_replicable(config);
   launch_local_ranks(current_command(), LaunchOptions()
                                             .nproc(config.nproc)
                                             .nnodes(config.nnodes)
@@ -58,14 +46,15 @@ std::optional<train::TrainReport> run_training(const train::TrainConfig& config)
 
 std::optional<train::TrainReport> train_rank(const train::TrainConfig& config, GroupOptions options) {
   options.timeout(std::chrono::milliseconds(static_cast<int64_t>(config.dist_timeout * 1000)));
-  if (options.world_size() > 1) check_replicable(config);
   train::TrainConfig rank_config = config;
   rank_config.threads = rank_threads(config);
   const Group group = join_group(options);
   const Heartbeat heartbeat(group, /*rank0_serves_store=*/!options.agent_store());
   try {
-    auto report = train::run_training(
-        rank_config, [&](torch::nn::Module& model) { return std::make_shared<DataParallel>(model, group); });
+    train::DataParallelism parallel;
+    parallel.batch_norm = [&](int64_t channels) { return torch::nn::AnyModule(SyncBatchNorm2d(channels, group)); };
+    parallel.replicate = [&](torch::nn::Module& model) { return std::make_shared<DataParallel>(model, group); };
+    auto report = train::run_training(rank_config, parallel);
     if (group.rank != 0) return std::nullopt;
     return report;
   } catch (const Error&) {

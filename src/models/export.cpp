@@ -68,10 +68,10 @@ Module export_layer(const std::shared_ptr<nn::Module>& layer, const CompilationU
     return define("Linear", fmt::format("torch.linear(x, self.weight, {})", bias_or_none(*linear)));
   }
   if (auto bn = std::dynamic_pointer_cast<nn::BatchNorm2dImpl>(layer)) {
-    return define("BatchNorm2d",
-                  fmt::format("torch.batch_norm(x, self.weight, self.bias, self.running_mean, "
-                              "self.running_var, False, 0.0, {}, False)",
-                              bn->options.eps()));
+    return define("BatchNorm2d", batch_norm_torchscript(bn->options.eps()));
+  }
+  if (auto own = std::dynamic_pointer_cast<SelfExportingLayer>(layer)) {
+    return define(own->torchscript_kind(), own->torchscript_forward());
   }
   if (auto sketched = std::dynamic_pointer_cast<sketch::SKLinearImpl>(layer)) return sketch::script_layer(*sketched, unit);
   if (auto sketched = std::dynamic_pointer_cast<sketch::SKConv2dImpl>(layer)) return sketch::script_layer(*sketched, unit);
@@ -112,6 +112,16 @@ Module export_layer(const std::shared_ptr<nn::Module>& layer, const CompilationU
   }
   throw Error("export: layer type '" + layer->name() + "' has no TorchScript export");
 }
+
+}  // namespace
+
+std::string batch_norm_torchscript(double eps) {
+  return fmt::format("torch.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var, False, 0.0, "
+                     "{}, False)",
+                     eps);
+}
+
+namespace {
 
 Module export_sequential(const nn::Sequential& seq, const CompilationUnitPtr& unit) {
   Module out = new_module("Sequential", unit);

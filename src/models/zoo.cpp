@@ -32,12 +32,16 @@ nn::Sequential cnn(const ModelOptions& o) {
 }
 
 nn::Sequential resnet(const ModelOptions& o) {
-  return nn::Sequential(
-      nn::Conv2d(nn::Conv2dOptions(o.in_channels(), 32, 3).padding(1).bias(false)),
-      nn::BatchNorm2d(32), nn::ReLU(),
-      BasicBlock(32, 32, 1), BasicBlock(32, 64, 2), BasicBlock(64, 128, 2),
-      nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)), nn::Flatten(),
-      nn::Linear(128, o.num_classes()));
+  nn::Sequential model(nn::Conv2d(nn::Conv2dOptions(o.in_channels(), 32, 3).padding(1).bias(false)));
+  model->push_back(o.batch_norm()(32));
+  model->push_back(nn::ReLU());
+  model->push_back(BasicBlock(32, 32, 1, o.batch_norm()));
+  model->push_back(BasicBlock(32, 64, 2, o.batch_norm()));
+  model->push_back(BasicBlock(64, 128, 2, o.batch_norm()));
+  model->push_back(nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)));
+  model->push_back(nn::Flatten());
+  model->push_back(nn::Linear(128, o.num_classes()));
+  return model;
 }
 
 using Factory = std::function<nn::Sequential(const ModelOptions&)>;

@@ -30,13 +30,13 @@ std::string checkpoint_file(const std::string& checkpoint_dir) {
   return (std::filesystem::path(checkpoint_dir) / "checkpoint.pt").string();
 }
 
-TrainReport run_training(const TrainConfig& config, const Replicate& replicate) {
+TrainReport run_training(const TrainConfig& config, const DataParallelism& parallel) {
   validate(config);
   for (const auto& [path, flag] : {std::pair{config.report, "--report"}, {config.export_path, "--export"},
                                    {config.log_jsonl, "--log-jsonl"}, {config.trace, "--trace"}}) {
     check_writable(path, flag);
   }
-  TrainingSession session(config, load_training_data(config), replicate);
+  TrainingSession session(config, load_training_data(config), parallel);
   TrainReport report = session.fit();
   if (session.rank() != 0) return report;
   if (!config.export_path.empty()) models::export_torchscript(session.exportable_model(), config.export_path);

@@ -137,7 +137,7 @@ struct TrainingSession::Parts {
                  const std::function<void(int64_t, double, int64_t)>& done);
 };
 
-TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& data, const Replicate& replicate)
+TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& data, const DataParallelism& parallel)
     : parts_(std::make_unique<Parts>()) {
   auto& p = *parts_;
   p.config = config;
@@ -155,8 +155,10 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   auto test_chain = data::compose({data::to_float(1.0 / 255), data::normalize(data.mean, data.std)});
 
   torch::manual_seed(config.seed);
-  p.model = models::make_model(config.model,
-                               models::ModelOptions().in_channels(data.channels).image_size(data.image_size));
+  p.model = models::make_model(config.model, models::ModelOptions()
+                                                 .in_channels(data.channels)
+                                                 .image_size(data.image_size)
+                                                 .batch_norm(parallel.batch_norm));
   if (config.sketch) p.model = sketched(p.model, config);
   bool channels_last = config.channels_last && config.model != "mlp";
   auto loader_options = data::LoaderOptions()
@@ -176,7 +178,7 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   }
   if (!config.checkpoint_layers.empty()) checkpoint_layers(trained, config.checkpoint_layers);
   if (channels_last) to_channels_last(*p.model);
-  std::shared_ptr<Replicas> replicas = replicate ? replicate(*trained) : nullptr;
+  std::shared_ptr<Replicas> replicas = parallel.replicate ? parallel.replicate(*trained) : nullptr;
   const int64_t rank = p.rank = replicas ? replicas->rank() : 0;
   data::DatasetPtr evaluation = data.evaluation;
   if (replicas) {

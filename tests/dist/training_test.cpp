@@ -24,10 +24,12 @@ using testing::CommandResult;
 
 struct Job {
   testing::TempDir dir;
+  std::string model = "cnn";
   Job() { testing::write_synthetic_mnist(dir.path()); }
 
-  // `train` on the synthetic set, batch 32 (16 steps an epoch), with `flags` added.
+  // `train` of `model` on the synthetic set, batch 32 (16 steps an epoch), with `flags` added.
   std::vector<std::string> args(std::map<std::string, std::string> flags) const {
+    flags.emplace("--model", model);
     flags.emplace("--batch-size", "32");
     flags.emplace("--lr", "0.05");
     return testing::train_args(dir.path(), flags);
@@ -48,9 +50,17 @@ double max_difference(const std::vector<torch::Tensor>& a, const std::vector<tor
 }
 
 // Two ranks with 16 samples each per step take the same steps as one rank with 32: the same
-// samples (DistributedSampler's order), their gradients averaged by the Reducer.
-TEST(TrainRanks, TwoRanksEndWhereOneRankOfTheSameJobEnds) {
+// samples (DistributedSampler's order), their gradients averaged by the Reducer, and for the
+// resnet its BatchNorm layers normalising over both ranks' samples (SyncBatchNorm2d).
+class TwoRanksOfModel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TwoRanksOfModel, EndWhereOneRankOfTheSameJobEnds) {
   Job job;
+  job.model = GetParam();
+  // The resnet's early training amplifies rounding: one process ends 3e-5 away from itself after
+  // 12 steps with 2 threads instead of 1 (plain BatchNorm, Fashion-MNIST). Its ranks are compared
+  // after 3 steps, where rounding is still rounding (6e-8 apart), the cnn's after 12.
+  const std::string steps = job.model == "resnet" ? "3" : "12";
   CommandResult one;
   {
     ScopedEnvironment torchrun;  // a job of one rank, as torchrun would start it
@@ -58,11 +68,11 @@ TEST(TrainRanks, TwoRanksEndWhereOneRankOfTheSameJobEnds) {
     torchrun.set("WORLD_SIZE", "1");
     torchrun.set("MASTER_ADDR", "127.0.0.1");
     torchrun.set("MASTER_PORT", std::to_string(free_port("127.0.0.1")));
-    one = testing::run_cli(job.args({{"--max-steps", "12"}, {"--export", (job.dir / "one.pt").string()},
+    one = testing::run_cli(job.args({{"--max-steps", steps}, {"--export", (job.dir / "one.pt").string()},
                                      {"--report", (job.dir / "one.json").string()}}));
   }
   ASSERT_EQ(one.exit_code, 0) << one.err;
-  auto two = testing::run_cli(job.args({{"--nproc", "2"}, {"--max-steps", "12"},
+  auto two = testing::run_cli(job.args({{"--nproc", "2"}, {"--max-steps", steps},
                                         {"--export", (job.dir / "two.pt").string()},
                                         {"--report", (job.dir / "two.json").string()}}));
   ASSERT_EQ(two.exit_code, 0) << two.err;
@@ -70,8 +80,8 @@ TEST(TrainRanks, TwoRanksEndWhereOneRankOfTheSameJobEnds) {
 
   auto report = testing::read_json(job.dir / "two.json");
   EXPECT_EQ(report["world_size"], 2);
-  EXPECT_EQ(report["steps"], 12);
-  EXPECT_EQ(report["evaluations"].back()["samples"], 12 * 32);  // both ranks' samples
+  EXPECT_EQ(report["steps"], std::stoi(steps));
+  EXPECT_EQ(report["evaluations"].back()["samples"], std::stoi(steps) * 32);  // both ranks' samples
   EXPECT_GT(report["communication"]["ms_per_step"].get<double>(), 0);
   const double hidden = report["communication"]["hidden_share"];
   EXPECT_GE(hidden, 0);
@@ -81,6 +91,8 @@ TEST(TrainRanks, TwoRanksEndWhereOneRankOfTheSameJobEnds) {
               1.0 / 256);
   EXPECT_TRUE(testing::Contains(two.out, "ranks              2, each with batch 16"));
 }
+
+INSTANTIATE_TEST_SUITE_P(Zoo, TwoRanksOfModel, ::testing::Values("cnn", "resnet"));
 
 // Two network namespaces joined by a veth pair: two machines with their own addresses, as far
 // as the ranks can tell. Removed with everything in them on destruction.
@@ -256,8 +268,6 @@ TEST(TrainRanks, JobsThatCannotRunFailAtStartWithOneLine) {
   Job job;
   EXPECT_TRUE(testing::fails_with(testing::run_cli(job.args({{"--nproc", "2"}, {"--batch-size", "33"}})), 2,
                                   {"--batch-size", "must divide evenly over the 2 ranks, got 33"}));
-  EXPECT_TRUE(testing::fails_with(testing::run_cli(job.args({{"--nproc", "2"}, {"--model", "resnet"}})), 2,
-                                  {"--nproc", "model 'resnet' has BatchNorm layers", "no SyncBatchNorm"}));
   EXPECT_TRUE(testing::fails_with(testing::run_cli(job.args({{"--nnodes", "2"}, {"--node-rank", "2"}})), 2,
                                   {"--node-rank", "must be below --nnodes 2, got 2"}));
   EXPECT_TRUE(testing::fails_with(testing::run_cli(job.args({{"--nproc", "2"}, {"--master-port", "70000"}})), 2,

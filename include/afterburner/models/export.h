@@ -12,9 +12,22 @@
 
 namespace afterburner::models {
 
+// A layer defined outside this area that says how it exports: the TorchScript expression of its
+// forward in inference, over `x` and its parameters and buffers as `self.` attributes.
+class SelfExportingLayer {
+ public:
+  virtual ~SelfExportingLayer() = default;
+  virtual std::string torchscript_kind() const = 0;  // the exported module's class name
+  virtual std::string torchscript_forward() const = 0;
+};
+
+// BatchNorm's inference forward (running statistics), for layers that export as BatchNorm2d.
+std::string batch_norm_torchscript(double eps);
+
 // Layers supported: Conv2d, Linear, BatchNorm2d, ReLU, MaxPool2d, AdaptiveAvgPool2d, Flatten,
-// Dropout (dropped), BasicBlock, nested Sequential, and the sketched SKLinear and SKConv2d
-// (as sketch::script_layer writes them). Any other layer throws an Error naming it.
+// Dropout (dropped), BasicBlock, nested Sequential, the sketched SKLinear and SKConv2d (as
+// sketch::script_layer writes them) and any SelfExportingLayer. Any other layer throws an Error
+// naming it.
 // Parameters keep their names (weight, bias, running_mean, ...); layer i becomes submodule "layer<i>".
 void export_torchscript(const torch::nn::Sequential& model, const std::string& path);
 

@@ -11,12 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "afterburner/models/residual.h"
+
 namespace afterburner::models {
 
 struct ModelOptions {
   TORCH_ARG(int64_t, in_channels) = 1;
   TORCH_ARG(int64_t, image_size) = 28;
   TORCH_ARG(int64_t, num_classes) = 10;
+  TORCH_ARG(BatchNorm2dFactory, batch_norm) = batch_norm_2d;
 };
 
 // "mlp" (flatten - 1024 - ReLU - 1024 - ReLU - classes), "cnn" (conv3x3 32 - ReLU - maxpool2 -

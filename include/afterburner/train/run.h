@@ -16,9 +16,9 @@
 
 namespace afterburner::train {
 
-// With `replicate`, one rank of data-parallel training (see TrainingSession); only rank 0 writes
+// With `parallel`, one rank of data-parallel training (see TrainingSession); only rank 0 writes
 // the report and the exported model.
-TrainReport run_training(const TrainConfig& config, const Replicate& replicate = {});
+TrainReport run_training(const TrainConfig& config, const DataParallelism& parallel = {});
 
 // The checkpoint file inside a --checkpoint-dir.
 std::string checkpoint_file(const std::string& checkpoint_dir);

@@ -45,10 +45,10 @@ struct StepMeasurement {
 
 class TrainingSession {
  public:
-  // With `replicate`, one rank of data-parallel training: the model it builds is wrapped, the
+  // With `parallel.replicate`, one rank of data-parallel training: the model it builds is wrapped, the
   // training set sharded and the evaluation set split over the ranks, and only rank 0 reports
   // progress, logs and checkpoints.
-  TrainingSession(const TrainConfig& config, const TrainingData& data, const Replicate& replicate = {});
+  TrainingSession(const TrainConfig& config, const TrainingData& data, const DataParallelism& parallel = {});
   ~TrainingSession();
   TrainingSession(const TrainingSession&) = delete;
   TrainingSession& operator=(const TrainingSession&) = delete;
