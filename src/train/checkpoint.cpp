@@ -54,6 +54,9 @@ bool load_in_place(torch::nn::Module& module, torch::serialize::InputArchive& ar
   return true;
 }
 
+torch::Tensor scalar(int64_t v) { return torch::tensor(v, torch::kLong); }
+torch::Tensor scalar(double v) { return torch::tensor(v, torch::kDouble); }
+
 // The loop's position and the CPU generator's state (which it restores).
 TrainState read_train_state(torch::serialize::InputArchive& archive) {
   torch::Tensor epoch, step, batch, seconds, to_target, samples, samples_to_target, rng;
@@ -67,12 +70,13 @@ TrainState read_train_state(torch::serialize::InputArchive& archive) {
   archive.read("rng.cpu", rng);
   auto generator = at::detail::getDefaultCPUGenerator();
   generator.set_state(rng);
+  // Absent from checkpoints written before data-parallel training: those were one process's.
+  torch::Tensor world_size = scalar(int64_t{1});
+  archive.try_read("state.world_size", world_size);
   return {epoch.item<int64_t>(), step.item<int64_t>(), batch.item<int64_t>(), seconds.item<double>(),
-          to_target.item<double>(), samples.item<int64_t>(), samples_to_target.item<int64_t>()};
+          to_target.item<double>(), samples.item<int64_t>(), samples_to_target.item<int64_t>(),
+          world_size.item<int64_t>()};
 }
-
-torch::Tensor scalar(int64_t v) { return torch::tensor(v, torch::kLong); }
-torch::Tensor scalar(double v) { return torch::tensor(v, torch::kDouble); }
 
 }  // namespace
 
@@ -93,6 +97,7 @@ void save_checkpoint(const std::string& path, const CheckpointTarget& target) {
   archive.write("state.seconds_to_target", scalar(target.state.seconds_to_target));
   archive.write("state.samples", scalar(target.state.samples));
   archive.write("state.samples_to_target", scalar(target.state.samples_to_target));
+  archive.write("state.world_size", scalar(target.state.world_size));
   archive.write("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
   write_archive(path, archive);
 }

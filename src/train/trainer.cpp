@@ -46,6 +46,12 @@ void Trainer::add_callback(CallbackPtr callback) { callbacks_.push_back(std::mov
 void Trainer::resume() {
   state_ = load_checkpoint(options_.checkpoint_path(),
                            {options_.model_name(), *model_, *optimizer_, scaler_, {}});
+  if (state_.world_size != world_size_) {
+    throw CheckpointError(options_.checkpoint_path(),
+                          fmt::format("was written by a run of {} rank(s) and this run has {}: their data orders "
+                                      "differ, so resume with as many ranks (--nproc, --nnodes)",
+                                      state_.world_size, world_size_));
+  }
   resumed_seconds_ = state_.train_seconds;
 }
 
@@ -55,6 +61,7 @@ void Trainer::save() {
   if (options_.checkpoint_path().empty() || rank_ != 0) return;  // the ranks' states are identical
   TrainState state = state_;
   state.train_seconds = train_seconds();
+  state.world_size = world_size_;
   save_checkpoint(options_.checkpoint_path(), {options_.model_name(), *model_, *optimizer_, scaler_, state});
 }
 

@@ -210,6 +210,9 @@ TEST(TrainRanks, ResumeWithTheSameRanksContinuesExactly) {
                                             {"--resume", ""}, {"--export", (job.dir / "resumed.pt").string()}}));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(max_difference(parameters_of(job.dir / "straight.pt"), parameters_of(job.dir / "resumed.pt")), 0);
+  // Another rank count would read other shards from the same position: refused.
+  auto alone = testing::run_cli(job.args({{"--max-steps", "12"}, {"--checkpoint-dir", checkpoints}, {"--resume", ""}}));
+  EXPECT_TRUE(testing::fails_with(alone, 1, {"checkpoint.pt: was written by a run of 2 rank(s) and this run has 1"}));
 }
 
 // Starts `--nproc 2` on `job`, sends `signal` to rank 1 once it has trained a few seconds, and

@@ -26,6 +26,7 @@ struct TrainState {
   double seconds_to_target = -1;  // training time when the target accuracy was reached; -1 = not yet
   int64_t samples = 0;            // samples trained since the start of the run
   int64_t samples_to_target = -1; // samples trained when the target accuracy was reached; -1 = not yet
+  int64_t world_size = 1;         // data-parallel ranks of the run: their shards make the data order
 };
 
 // What a checkpoint holds besides the state; `model_name` guards against resuming another model.
