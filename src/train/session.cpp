@@ -103,6 +103,21 @@ std::pair<data::DatasetPtr, data::DatasetPtr> hold_out(const data::DatasetPtr& a
   return {std::make_shared<data::SubsetDataset>(all, training), std::make_shared<data::SubsetDataset>(all, validation)};
 }
 
+// This rank's part of the data: its shard of the training set, batch_size / world_size samples a
+// batch (set in `loader_options`), and every world_size-th sample of `evaluation` (returned).
+data::DatasetPtr shard_for_rank(const Replicas& replicas, const TrainConfig& config, data::LoaderOptions& loader_options,
+                                const data::DatasetPtr& evaluation) {
+  const int64_t world_size = replicas.world_size();
+  if (config.batch_size % world_size != 0) {
+    throw UsageError("--batch-size",
+                     fmt::format("must divide evenly over the {} ranks, got {}", world_size, config.batch_size));
+  }
+  loader_options.batch_size(config.batch_size / world_size);
+  loader_options.shard(data::Shard().rank(replicas.rank()).count(world_size));
+  return std::make_shared<data::SubsetDataset>(
+      evaluation, torch::arange(replicas.rank(), evaluation->size(), world_size, torch::kLong));
+}
+
 }  // namespace
 
 TrainingData load_training_data(const TrainConfig& config) {
@@ -180,18 +195,8 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   if (channels_last) to_channels_last(*p.model);
   std::shared_ptr<Replicas> replicas = parallel.replicate ? parallel.replicate(*trained) : nullptr;
   const int64_t rank = p.rank = replicas ? replicas->rank() : 0;
-  data::DatasetPtr evaluation = data.evaluation;
-  if (replicas) {
-    const int64_t world_size = replicas->world_size();
-    if (config.batch_size % world_size != 0) {
-      throw UsageError("--batch-size", fmt::format("must divide evenly over the {} ranks, got {}", world_size,
-                                                   config.batch_size));
-    }
-    loader_options.batch_size(config.batch_size / world_size);
-    loader_options.shard(data::Shard().rank(rank).count(world_size));
-    evaluation = std::make_shared<data::SubsetDataset>(
-        evaluation, torch::arange(rank, evaluation->size(), replicas->world_size(), torch::kLong));
-  }
+  data::DatasetPtr evaluation = replicas ? shard_for_rank(*replicas, config, loader_options, data.evaluation)
+                                         : data.evaluation;
   p.workers = static_cast<int>(config.workers);
   if (p.workers < 0) {
     p.workers = data::choose_workers(data.train, loader_options, data::compose(train_chain));

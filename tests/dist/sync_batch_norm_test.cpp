@@ -45,7 +45,7 @@ TEST(SyncBatchNormRank, Computes) {
   auto x = problem.x.slice(0, 3 * rank, 3 * rank + 3).clone().requires_grad_();
   auto weight = problem.weight.clone().requires_grad_(), bias = problem.bias.clone().requires_grad_();
   auto running_mean = torch::zeros({3}), running_var = torch::ones({3});
-  const auto x_before = x.detach().clone();
+  const auto x_before = x.detach().clone(), weight_before = weight.detach().clone(), bias_before = bias.detach().clone();
   auto y = sync_batch_norm(x, weight, bias, running_mean, running_var, kMomentum, kEps, group.process_group);
   (y * problem.loss_weights.slice(0, 3 * rank, 3 * rank + 3)).sum().backward();
   // A second call sees the same batch statistics, so the same output.
@@ -53,6 +53,8 @@ TEST(SyncBatchNormRank, Computes) {
                                kMomentum, kEps, group.process_group);
   EXPECT_TRUE(torch::equal(again, y.detach()));
   EXPECT_TRUE(torch::equal(x.detach(), x_before)) << "the input was written to";
+  EXPECT_TRUE(torch::equal(weight.detach(), weight_before) && torch::equal(bias.detach(), bias_before))
+      << "the weight or bias was written to";
   Outcome outcome{y.detach(), x.grad(), weight.grad(), bias.grad(), running_mean, running_var};
   torch::save(outcome.all(), std::getenv("AFTERBURNER_TEST_OUTPUT"));
 }
