@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libtomlplusplus-dev zlib1g-dev libzip-dev
   libboost-dev libsimdjson-dev wrk
+  iproute2                              # the two-host test: network namespaces joined by a veth pair
   python3-torch python3-numpy
   clang libclang-rt-14-dev libomp-dev   # the sanitizer build and the fuzzers (.ci/run)
   dataset-fashion-mnist
