@@ -216,6 +216,7 @@ void launch_local_ranks(const std::vector<std::string>& command, const LaunchOpt
     const auto now = std::chrono::steady_clock::now();
     if (terminate_at && now >= *terminate_at) {
       forward_signal(SIGTERM);
+      forward_signal(SIGCONT);  // a stopped rank receives its SIGTERM only once it runs
       terminate_at.reset();
       kill_at = now + kKillAfterTerm;
     }
