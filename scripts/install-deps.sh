@@ -10,7 +10,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libfmt-dev libtomlplusplus-dev zlib1g-dev libzip-dev
   libboost-dev libsimdjson-dev wrk
   iproute2                              # the two-host test: network namespaces joined by a veth pair
-  python3-torch python3-numpy
+  python3-torch python3-numpy python3-pytest   # baselines, differential tests, the Python package's tests
   clang libclang-rt-14-dev libomp-dev   # the sanitizer build and the fuzzers (.ci/run)
   dataset-fashion-mnist
 )

@@ -117,13 +117,18 @@ void Conv2dReLUImpl::pretty_print(std::ostream& stream) const {
 }
 
 torch::Tensor Conv2dReLUImpl::forward(const torch::Tensor& input) {
-  if (input.dim() == 3) return forward(input.unsqueeze(0)).squeeze(0);  // unbatched, as Conv2d takes it
+  return conv2d_relu(input, weight, bias, *options.stride(), explicit_padding(options), *options.dilation(),
+                     options.groups());
+}
+
+torch::Tensor conv2d_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                          at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  if (x.dim() == 3) {  // unbatched, as Conv2d takes it
+    return conv2d_relu(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0);
+  }
   const auto optional_bias = bias.defined() ? c10::make_optional(autocast_argument(bias)) : c10::nullopt;
-  const auto& stride = *options.stride();
-  const auto& dilation = *options.dilation();
-  return Conv2dReLUFunction::apply(autocast_argument(input), autocast_argument(weight), optional_bias,
-                                   std::vector<int64_t>(stride.begin(), stride.end()), explicit_padding(options),
-                                   std::vector<int64_t>(dilation.begin(), dilation.end()), options.groups());
+  return Conv2dReLUFunction::apply(autocast_argument(x), autocast_argument(weight), optional_bias, stride.vec(),
+                                   padding.vec(), dilation.vec(), groups);
 }
 
 }  // namespace afterburner::kernels

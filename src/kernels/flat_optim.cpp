@@ -4,12 +4,14 @@
 #include <c10/util/strides.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/optim/serialize.h>
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <unordered_set>
 
 #if defined(__SSE__)
@@ -122,6 +124,42 @@ AFTERBURNER_AVX2_CLONES void adamw_kernel(float* p, const float* g, float* m, fl
     sqrt_lanes(vb, root, len);
     for (int64_t i = 0; i < len; ++i) pb[i] = pb[i] * decay - step_size * mb[i] / (root[i] * inv_sqrt_bc2 + eps);
   }
+}
+
+// Calls visit(k, from, to) for each part [from, to) of tensor k (numels[k] elements) covered by
+// a chunk of the tensors laid end to end; chunks of kGrainSize run in parallel on LibTorch's
+// intra-op threads.
+void for_each_chunk(const std::vector<int64_t>& numels, const std::function<void(size_t, int64_t, int64_t)>& visit) {
+  std::vector<int64_t> starts;
+  int64_t total = 0;
+  for (int64_t numel : numels) {
+    starts.push_back(total);
+    total += numel;
+  }
+  at::parallel_for(0, total, kGrainSize, [&](int64_t begin, int64_t end) {
+    size_t k = size_t(std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin()) - 1;
+    for (; k < numels.size() && starts[k] < end; ++k) {
+      const int64_t from = std::max(begin, starts[k]) - starts[k];
+      const int64_t to = std::min(end, starts[k] + numels[k]) - starts[k];
+      if (from < to) visit(k, from, to);
+    }
+  });
+}
+
+SgdConstants sgd_constants(const SGDOptions& options) {
+  return {float(options.lr()), float(options.weight_decay()), float(options.momentum()), float(1 - options.dampening())};
+}
+
+AdamWConstants adamw_constants(const AdamWOptions& options) {
+  const auto [beta1, beta2] = options.betas();
+  AdamWConstants constants;
+  constants.decay = float(1 - options.lr() * options.weight_decay());
+  constants.beta1 = float(beta1);
+  constants.one_minus_beta1 = float(1 - beta1);
+  constants.beta2 = float(beta2);
+  constants.one_minus_beta2 = float(1 - beta2);
+  constants.eps = float(options.eps());
+  return constants;
 }
 
 BiasCorrection bias_correction(const AdamWOptions& options, int64_t step) {
@@ -324,33 +362,21 @@ void FlatOptimizer::step_group(size_t group, const Gradients& gradients,
                                const std::function<void(size_t, int64_t, int64_t)>& update) {
   const FlatGroup& flat = groups_[group];
   const std::vector<size_t>& params = gradients.params;
-  // Where each parameter starts when the stepped ones are laid end to end.
-  std::vector<int64_t> starts;
+  std::vector<int64_t> numels;
   std::vector<const float*> outside;
-  int64_t total = 0;
   for (size_t k = 0; k < params.size(); ++k) {
-    starts.push_back(total);
-    total += flat.slots[params[k]].numel;
+    numels.push_back(flat.slots[params[k]].numel);
     outside.push_back(gradients.outside[k].defined() ? gradients.outside[k].data_ptr<float>() : nullptr);
   }
   float* grads = flat.grads.data_ptr<float>();
-  at::parallel_for(0, total, kGrainSize, [&](int64_t begin, int64_t end) {
-    size_t k = size_t(std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin()) - 1;
-    for (; k < params.size() && starts[k] < end; ++k) {
-      const Slot& slot = flat.slots[params[k]];
-      // [from, to): this chunk's part of the parameter, counted from its first element.
-      const int64_t from = std::max(begin, starts[k]) - starts[k];
-      const int64_t to = std::min(end, starts[k] + slot.numel) - starts[k];
-      if (outside[k] == nullptr) {
-        if (from < to) update(params[k], slot.offset + from, to - from);
-        continue;
-      }
-      // Copying block by block keeps the gradient in L1 for the update that reads it next.
-      for (int64_t block = from; block < to; block += kCopyBlock) {
-        const int64_t n = std::min(kCopyBlock, to - block);
-        std::memcpy(grads + slot.offset + block, outside[k] + block, size_t(n) * sizeof(float));
-        update(params[k], slot.offset + block, n);
-      }
+  for_each_chunk(numels, [&](size_t k, int64_t from, int64_t to) {
+    const Slot& slot = flat.slots[params[k]];
+    if (outside[k] == nullptr) return update(params[k], slot.offset + from, to - from);
+    // Copying block by block keeps the gradient in L1 for the update that reads it next.
+    for (int64_t block = from; block < to; block += kCopyBlock) {
+      const int64_t n = std::min(kCopyBlock, to - block);
+      std::memcpy(grads + slot.offset + block, outside[k] + block, size_t(n) * sizeof(float));
+      update(params[k], slot.offset + block, n);
     }
   });
   for (size_t k = 0; k < params.size(); ++k) {
@@ -459,8 +485,7 @@ torch::Tensor FlatSGD::step(LossClosure closure) {
         first_step[i] = 1;
       }
     }
-    const SgdConstants constants{float(options.lr()), float(options.weight_decay()), float(options.momentum()),
-                                 float(1 - options.dampening())};
+    const SgdConstants constants = sgd_constants(options);
     float* params = params_data(g);
     const float* grads = grads_data(g);
     float* buffers = momentum ? state_data(g, 0) : nullptr;
@@ -523,14 +548,7 @@ torch::Tensor FlatAdamW::step(LossClosure closure) {
       state.step(state.step() + 1);
       corrections[i] = bias_correction(options, state.step());
     }
-    const auto [beta1, beta2] = options.betas();
-    AdamWConstants constants;
-    constants.decay = float(1 - options.lr() * options.weight_decay());
-    constants.beta1 = float(beta1);
-    constants.one_minus_beta1 = float(1 - beta1);
-    constants.beta2 = float(beta2);
-    constants.one_minus_beta2 = float(1 - beta2);
-    constants.eps = float(options.eps());
+    const AdamWConstants constants = adamw_constants(options);
     float* params = params_data(g);
     const float* grads = grads_data(g);
     float* exp_avg = state_data(g, 0);
@@ -551,6 +569,132 @@ void FlatAdamW::load(torch::serialize::InputArchive& archive) {
   flatten_new_groups();
   torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
   adopt_loaded_state();
+}
+
+namespace {
+
+// The memory one multi-tensor step reads and writes, per parameter.
+struct StepOperands {
+  std::vector<int64_t> numels;
+  std::vector<float*> params;
+  std::vector<const float*> grads;
+  std::vector<std::vector<float*>> state;  // per state field, per parameter
+  std::vector<torch::Tensor> grad_copies;  // gradients laid out as their parameters, alive for the step
+};
+
+void require_dense_float(const torch::Tensor& tensor, const std::string& field) {
+  if (!tensor.defined() || tensor.scalar_type() != torch::kFloat || !tensor.device().is_cpu() ||
+      !tensor.is_non_overlapping_and_dense()) {
+    throw UsageError(field, tensor.defined() ? "expected a dense float32 CPU tensor, got " +
+                                                           c10::str(tensor.scalar_type(), " ", tensor.sizes(), " on ",
+                                                                    tensor.device())
+                                             : std::string("expected a tensor, got none"));
+  }
+}
+
+// Checks what sgd_step and adamw_step are given (see flat_optim.h) and points at its memory.
+StepOperands step_operands(const std::string& optimizer, at::TensorList params, at::TensorList grads,
+                           const std::vector<std::pair<const char*, at::TensorList>>& state) {
+  const auto require_count = [&](const char* name, size_t count) {
+    if (count != params.size()) {
+      throw UsageError(optimizer + " " + name, fmt::format("expected {} tensors, one per parameter, got {}",
+                                                           params.size(), count));
+    }
+  };
+  require_count("grads", grads.size());
+  for (const auto& [name, tensors] : state) require_count(name, tensors.size());
+  StepOperands operands;
+  operands.state.resize(state.size());
+  std::unordered_set<const void*> seen;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const torch::Tensor& param = params[i];
+    const std::string field = fmt::format("{} params[{}]", optimizer, i);
+    require_dense_float(param, field);
+    if (!seen.insert(param.data_ptr()).second) throw UsageError(field, "is listed twice");
+    if (at::GradMode::is_enabled() && param.requires_grad()) {
+      throw UsageError(field, "requires grad: step under torch.no_grad(), as torch's optimizers do");
+    }
+    torch::Tensor grad = grads[i];
+    require_dense_float(grad, fmt::format("{} grads[{}]", optimizer, i));
+    if (grad.sizes() != param.sizes()) {
+      throw UsageError(fmt::format("{} grads[{}]", optimizer, i),
+                       c10::str("has shape ", grad.sizes(), ", its parameter ", param.sizes()));
+    }
+    if (grad.strides() != param.strides()) {
+      grad = at::empty_like(param).copy_(grad);
+      operands.grad_copies.push_back(grad);
+    }
+    for (size_t f = 0; f < state.size(); ++f) {
+      const torch::Tensor& tensor = state[f].second[i];
+      const std::string state_field = fmt::format("{} {}[{}]", optimizer, state[f].first, i);
+      require_dense_float(tensor, state_field);
+      if (tensor.sizes() != param.sizes() || tensor.strides() != param.strides()) {
+        throw UsageError(state_field, c10::str("has shape ", tensor.sizes(), " and strides ", tensor.strides(),
+                                                      ", its parameter ", param.sizes(), " and ", param.strides()));
+      }
+      operands.state[f].push_back(tensor.data_ptr<float>());
+    }
+    operands.numels.push_back(param.numel());
+    operands.params.push_back(param.data_ptr<float>());
+    operands.grads.push_back(grad.data_ptr<float>());
+  }
+  return operands;
+}
+
+// Autograd's record that these tensors changed in place, as torch's own in-place ops leave it.
+void bump_versions(at::TensorList tensors) {
+  for (const torch::Tensor& tensor : tensors) torch::autograd::impl::bump_version(tensor);
+}
+
+}  // namespace
+
+void sgd_step(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+              const std::vector<bool>& fresh, const SGDOptions& options) {
+  check_options("sgd_step", 0, options);
+  const bool momentum = options.momentum() != 0;
+  if (!momentum && !momentum_buffers.empty()) {
+    throw UsageError("sgd_step momentum_buffers", "must be empty without momentum");
+  }
+  const StepOperands operands =
+      step_operands("sgd_step", params, grads, momentum ? std::vector<std::pair<const char*, at::TensorList>>{
+                                                              {"momentum_buffers", momentum_buffers}}
+                                                        : std::vector<std::pair<const char*, at::TensorList>>{});
+  if (momentum && fresh.size() != params.size()) {
+    throw UsageError("sgd_step fresh", fmt::format("expected {} flags, one per parameter, got {}", params.size(),
+                                                   fresh.size()));
+  }
+  const SgdConstants constants = sgd_constants(options);
+  for_each_chunk(operands.numels, [&](size_t k, int64_t from, int64_t to) {
+    float* buffer = momentum ? operands.state[0][k] + from : nullptr;
+    sgd_update(operands.params[k] + from, operands.grads[k] + from, buffer, to - from, constants,
+               momentum && fresh[k], options.nesterov());
+  });
+  bump_versions(params);
+  bump_versions(momentum_buffers);
+}
+
+void adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                at::IntArrayRef steps, const AdamWOptions& options) {
+  check_options("adamw_step", 0, options);
+  const StepOperands operands =
+      step_operands("adamw_step", params, grads, {{"exp_avgs", exp_avgs}, {"exp_avg_sqs", exp_avg_sqs}});
+  if (steps.size() != params.size()) {
+    throw UsageError("adamw_step steps", fmt::format("expected {} counts, one per parameter, got {}", params.size(),
+                                                     steps.size()));
+  }
+  std::vector<BiasCorrection> corrections;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i] < 1) throw UsageError(fmt::format("adamw_step steps[{}]", i), "must be at least 1");
+    corrections.push_back(bias_correction(options, steps[i]));
+  }
+  const AdamWConstants constants = adamw_constants(options);
+  for_each_chunk(operands.numels, [&](size_t k, int64_t from, int64_t to) {
+    adamw_kernel(operands.params[k] + from, operands.grads[k] + from, operands.state[0][k] + from,
+                 operands.state[1][k] + from, to - from, constants, corrections[k]);
+  });
+  bump_versions(params);
+  bump_versions(exp_avgs);
+  bump_versions(exp_avg_sqs);
 }
 
 }  // namespace afterburner::kernels

@@ -21,59 +21,75 @@ int64_t padded_width(int64_t width) {
   return (padded - width) * 8 <= width ? padded : width;
 }
 
+std::string shape(const torch::Tensor& tensor) { return c10::str(tensor.sizes()); }
+
+// S1s [L, d_in, k], S2s [L, k, d_out], U1s [L, k, d_out], U2s [L, d_in, k], bias [d_out] or
+// undefined, input [..., d_in]; throws UsageError naming the first tensor that does not fit.
+void check_sklinear_shapes(const torch::Tensor& input, const torch::Tensor& S1s, const torch::Tensor& S2s,
+                           const torch::Tensor& U1s, const torch::Tensor& U2s, const torch::Tensor& bias) {
+  if (S1s.dim() != 3) throw UsageError("SKLinear S1s", "expected [terms, in_features, rank], got " + shape(S1s));
+  const int64_t terms = S1s.size(0), in = S1s.size(1), rank = S1s.size(2);
+  if (S2s.dim() != 3 || S2s.size(0) != terms || S2s.size(1) != rank) {
+    throw UsageError("SKLinear S2s", fmt::format("expected [{}, {}, out_features], got {}", terms, rank, shape(S2s)));
+  }
+  const int64_t out = S2s.size(2);
+  if (!U1s.sizes().equals({terms, rank, out})) {
+    throw UsageError("SKLinear U1s", fmt::format("expected [{}, {}, {}], got {}", terms, rank, out, shape(U1s)));
+  }
+  if (!U2s.sizes().equals({terms, in, rank})) {
+    throw UsageError("SKLinear U2s", fmt::format("expected [{}, {}, {}], got {}", terms, in, rank, shape(U2s)));
+  }
+  if (bias.defined() && !bias.sizes().equals({out})) {
+    throw UsageError("SKLinear bias", fmt::format("expected [{}], got {}", out, shape(bias)));
+  }
+  if (input.dim() == 0 || input.size(-1) != in) {
+    throw UsageError("SKLinear input", fmt::format("expected [..., {}], got {}", in, shape(input)));
+  }
+}
+
 }  // namespace
 
 bool sketch_saves_nothing(const SKLinearOptions& o) {
   return 2 * o.terms() * o.rank() * (o.in_features() + o.out_features()) > o.in_features() * o.out_features();
 }
 
-SKLinearImpl::SKLinearImpl(const SKLinearOptions& options, const torch::Tensor& dense_weight)
-    : options(options), dense_weight_(dense_weight) {
-  detail::require_at_least("SKLinear", 1,
-                           {{"in_features", options.in_features()},
-                            {"out_features", options.out_features()},
-                            {"terms", options.terms()},
-                            {"rank", options.rank()}});
-  detail::require_dense_layout("SKLinear", dense_weight, {options.out_features(), options.in_features()},
-                               "torch::nn::Linear");
-  reset();
-  dense_weight_ = torch::Tensor();
-}
-
 // S1_i = W U1_i^T and S2_i = U2_i^T W for W [d_in, d_out]: then E[(X S1_i) U1_i] = X W E[U1_i^T
 // U1_i] = X W, and likewise for the second product, so the layer starts as an unbiased
 // estimate of the dense one.
-void SKLinearImpl::reset() {
+SKLinearTensors initial_sklinear_tensors(const SKLinearOptions& options, const torch::Tensor& dense_weight) {
   const int64_t in = options.in_features(), out = options.out_features();
   const int64_t terms = options.terms(), rank = options.rank();
+  detail::require_at_least("SKLinear", 1, {{"in_features", in}, {"out_features", out}, {"terms", terms}, {"rank", rank}});
+  detail::require_dense_layout("SKLinear", dense_weight, {out, in}, "torch::nn::Linear");
   if (sketch_saves_nothing(options)) {
     detail::warn_saves_nothing(fmt::format("SKLinear({}, {}, terms {}, rank {})", in, out, terms, rank),
                                fmt::format("runs {} multiply-adds per row, the dense layer {}",
                                            2 * terms * rank * (in + out), in * out));
   }
   torch::NoGradGuard no_grad;
-  torch::Tensor dense = dense_weight_;
+  torch::Tensor dense = dense_weight;
   if (!dense.defined()) {
     dense = torch::empty({out, in});
     torch::nn::init::kaiming_uniform_(dense, std::sqrt(5.0));  // torch::nn::Linear's draw
   }
   const torch::Tensor w = dense.to(torch::kFloat).t();  // [d_in, d_out]
-  U1s = register_buffer("U1s", detail::scaled_signs({terms, rank, out}, rank));
-  U2s = register_buffer("U2s", detail::scaled_signs({terms, in, rank}, rank));
-  S1s = register_parameter("S1s", w.matmul(U1s.transpose(1, 2)).contiguous());
-  S2s = register_parameter("S2s", U2s.transpose(1, 2).matmul(w).contiguous());
+  SKLinearTensors tensors;
+  tensors.U1s = detail::scaled_signs({terms, rank, out}, rank);
+  tensors.U2s = detail::scaled_signs({terms, in, rank}, rank);
+  tensors.S1s = w.matmul(tensors.U1s.transpose(1, 2)).contiguous();
+  tensors.S2s = tensors.U2s.transpose(1, 2).matmul(w).contiguous();
   if (options.bias()) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-    bias = register_parameter("bias", torch::empty({out}).uniform_(-bound, bound));
+    tensors.bias = torch::empty({out}).uniform_(-bound, bound);
   }
+  return tensors;
 }
 
-torch::Tensor SKLinearImpl::forward(const torch::Tensor& input) {
-  const int64_t in = options.in_features(), out = options.out_features();
-  const int64_t columns = options.terms() * options.rank();
-  if (input.dim() == 0 || input.size(-1) != in) {
-    throw UsageError("SKLinear input", fmt::format("expected [..., {}], got {}", in, c10::str(input.sizes())));
-  }
+torch::Tensor sketched_linear(const torch::Tensor& input, const torch::Tensor& S1s, const torch::Tensor& S2s,
+                              const torch::Tensor& U1s, const torch::Tensor& U2s, const torch::Tensor& bias) {
+  check_sklinear_shapes(input, S1s, S2s, U1s, U2s, bias);
+  const int64_t terms = S1s.size(0), in = S1s.size(1), out = S2s.size(2);
+  const int64_t columns = terms * S1s.size(2);
   const torch::Tensor rows = input.reshape({-1, in});
   // Zero columns of `first` and rows of `second` up to padded_width(2Lk) leave the product as it is.
   const int64_t padding = padded_width(2 * columns) - 2 * columns;
@@ -82,11 +98,30 @@ torch::Tensor SKLinearImpl::forward(const torch::Tensor& input) {
                                           torch::zeros({in, padding}, S1s.options())}, 1);  // [d_in, 2Lk + padding]
   const torch::Tensor second = torch::cat({U1s.reshape({columns, out}), S2s.reshape({columns, out}),
                                            torch::zeros({padding, out}, S2s.options())}, 0);  // [2Lk + padding, d_out]
-  const double scale = 1.0 / (2.0 * static_cast<double>(options.terms()));
+  const double scale = 1.0 / (2.0 * static_cast<double>(terms));
   torch::Tensor y = kernels::low_rank_linear(rows, first, second, bias, scale);
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.back() = out;
   return y.view(sizes);
+}
+
+SKLinearImpl::SKLinearImpl(const SKLinearOptions& options, const torch::Tensor& dense_weight)
+    : options(options), dense_weight_(dense_weight) {
+  reset();
+  dense_weight_ = torch::Tensor();
+}
+
+void SKLinearImpl::reset() {
+  const SKLinearTensors tensors = initial_sklinear_tensors(options, dense_weight_);
+  U1s = register_buffer("U1s", tensors.U1s);
+  U2s = register_buffer("U2s", tensors.U2s);
+  S1s = register_parameter("S1s", tensors.S1s);
+  S2s = register_parameter("S2s", tensors.S2s);
+  if (options.bias()) bias = register_parameter("bias", tensors.bias);
+}
+
+torch::Tensor SKLinearImpl::forward(const torch::Tensor& input) {
+  return sketched_linear(input, S1s, S2s, U1s, U2s, bias);
 }
 
 void SKLinearImpl::pretty_print(std::ostream& stream) const {

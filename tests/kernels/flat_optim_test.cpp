@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -111,6 +112,86 @@ MakeOptimizer single_group(Options options) {
   return [options](const Params& params) { return std::make_unique<Optimizer>(params, options); };
 }
 
+torch::Tensor transposed_gradients_start() { return torch::arange(12, torch::kFloat).reshape({3, 4}).requires_grad_(); }
+
+// Steps torch's SGD (momentum 0.9) from transposed_gradients_start() and `optimizer` over `weight`
+// three times with equal gradients of other strides than the weight's; returns torch's weight.
+torch::Tensor step_with_transposed_gradients(torch::optim::Optimizer& optimizer, const torch::Tensor& weight) {
+  auto reference_weight = transposed_gradients_start();
+  torch::optim::SGD reference({reference_weight}, SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    const torch::Tensor transposed = torch::randn({4, 3}).t();
+    reference_weight.mutable_grad() = transposed.clone();
+    weight.mutable_grad() = transposed;
+    reference.step();
+    optimizer.step();
+    EXPECT_TRUE(torch::equal(weight.grad(), reference_weight.grad())) << "the gradient's values changed";
+  }
+  return reference_weight;
+}
+
+// sgd_step / adamw_step behind torch's Optimizer interface, keeping torch's per-parameter
+// state as separate tensors, as the Python package's FlatSGD / FlatAdamW do.
+class SeparateTensorsSGD : public torch::optim::Optimizer {
+ public:
+  SeparateTensorsSGD(const Params& params, const SGDOptions& options)
+      : Optimizer({torch::optim::OptimizerParamGroup(params)}, std::make_unique<SGDOptions>(options)) {}
+
+  torch::Tensor step(LossClosure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    const auto& options = static_cast<const SGDOptions&>(param_groups_[0].options());
+    Params params, grads, buffers;
+    std::vector<bool> fresh;
+    for (const auto& p : param_groups_[0].params()) {
+      if (!p.grad().defined()) continue;
+      params.push_back(p);
+      grads.push_back(p.grad());
+      if (options.momentum() == 0) continue;
+      auto& buffer = buffers_[p.unsafeGetTensorImpl()];
+      fresh.push_back(!buffer.defined());
+      if (!buffer.defined()) buffer = torch::empty_like(p);
+      buffers.push_back(buffer);
+    }
+    sgd_step(params, grads, buffers, fresh, options);
+    return {};
+  }
+
+ private:
+  std::map<const c10::TensorImpl*, torch::Tensor> buffers_;
+};
+
+class SeparateTensorsAdamW : public torch::optim::Optimizer {
+ public:
+  SeparateTensorsAdamW(const Params& params, const AdamWOptions& options)
+      : Optimizer({torch::optim::OptimizerParamGroup(params)}, std::make_unique<AdamWOptions>(options)) {}
+
+  torch::Tensor step(LossClosure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    Params params, grads, exp_avgs, exp_avg_sqs;
+    std::vector<int64_t> steps;
+    for (const auto& p : param_groups_[0].params()) {
+      if (!p.grad().defined()) continue;
+      auto& state = state_[p.unsafeGetTensorImpl()];
+      if (!state.exp_avg.defined()) state = {torch::zeros_like(p), torch::zeros_like(p), 0};
+      params.push_back(p);
+      grads.push_back(p.grad());
+      exp_avgs.push_back(state.exp_avg);
+      exp_avg_sqs.push_back(state.exp_avg_sq);
+      steps.push_back(++state.step);
+    }
+    adamw_step(params, grads, exp_avgs, exp_avg_sqs, steps,
+               static_cast<const AdamWOptions&>(param_groups_[0].options()));
+    return {};
+  }
+
+ private:
+  struct State {
+    torch::Tensor exp_avg, exp_avg_sq;
+    int64_t step = 0;
+  };
+  std::map<const c10::TensorImpl*, State> state_;
+};
+
 struct SgdCase {
   const char* name;
   SGDOptions options;
@@ -120,9 +201,11 @@ class FlatSgdMatchesTorch : public ::testing::TestWithParam<SgdCase> {};
 
 TEST_P(FlatSgdMatchesTorch, Over100Steps) {
   const SGDOptions& options = GetParam().options;
-  auto result = run_side_by_side(single_group<torch::optim::SGD>(options), single_group<FlatSGD>(options), 100);
-  EXPECT_LT(result.max_diff, 1e-6);
-  EXPECT_GT(result.travelled, 0.1);
+  for (const auto& ours : {single_group<FlatSGD>(options), single_group<SeparateTensorsSGD>(options)}) {
+    auto result = run_side_by_side(single_group<torch::optim::SGD>(options), ours, 100);
+    EXPECT_LT(result.max_diff, 1e-6);
+    EXPECT_GT(result.travelled, 0.1);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -142,9 +225,11 @@ class FlatAdamWMatchesTorch : public ::testing::TestWithParam<AdamWCase> {};
 
 TEST_P(FlatAdamWMatchesTorch, Over100Steps) {
   const AdamWOptions& options = GetParam().options;
-  auto result = run_side_by_side(single_group<torch::optim::AdamW>(options), single_group<FlatAdamW>(options), 100);
-  EXPECT_LT(result.max_diff, 1e-6);
-  EXPECT_GT(result.travelled, 0.1);
+  for (const auto& ours : {single_group<FlatAdamW>(options), single_group<SeparateTensorsAdamW>(options)}) {
+    auto result = run_side_by_side(single_group<torch::optim::AdamW>(options), ours, 100);
+    EXPECT_LT(result.max_diff, 1e-6);
+    EXPECT_GT(result.travelled, 0.1);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -153,6 +238,38 @@ INSTANTIATE_TEST_SUITE_P(
                       AdamWCase{"no_weight_decay", AdamWOptions(1e-2).weight_decay(0)},
                       AdamWCase{"custom", AdamWOptions(3e-2).betas({0.8, 0.95}).eps(1e-6).weight_decay(0.1)}),
     [](const ::testing::TestParamInfo<AdamWCase>& info) { return std::string(info.param.name); });
+
+TEST(SeparateTensorsStep, GradientOfAnotherLayoutIsReadAsItsParameter) {
+  auto weight = transposed_gradients_start();
+  SeparateTensorsSGD separate({weight}, SGDOptions(0.1).momentum(0.9));
+  EXPECT_TRUE(torch::allclose(step_with_transposed_gradients(separate, weight), weight, 0, 1e-6));
+}
+
+TEST(SeparateTensorsStep, RefusesWhatItCannotStep) {
+  auto weight = torch::zeros({3}).requires_grad_();
+  auto grad = torch::ones({3});
+  auto message = testing::error_message<UsageError>([&] {
+    torch::NoGradGuard no_grad;
+    sgd_step({weight.to(torch::kDouble)}, {grad}, {}, {}, SGDOptions(0.1));
+  });
+  EXPECT_TRUE(testing::Contains(message, "sgd_step params[0]: expected a dense float32 CPU tensor, got Double"));
+  message = testing::error_message<UsageError>([&] { sgd_step({weight}, {grad}, {}, {}, SGDOptions(0.1)); });
+  EXPECT_TRUE(testing::Contains(message, "sgd_step params[0]: requires grad: step under torch.no_grad()"));
+  torch::NoGradGuard no_grad;
+  message = testing::error_message<UsageError>([&] { sgd_step({weight, weight}, {grad, grad}, {}, {}, SGDOptions(0.1)); });
+  EXPECT_TRUE(testing::Contains(message, "sgd_step params[1]: is listed twice"));
+  message = testing::error_message<UsageError>(
+      [&] { sgd_step({weight}, {torch::ones({4})}, {}, {}, SGDOptions(0.1)); });
+  EXPECT_TRUE(testing::Contains(message, "sgd_step grads[0]: has shape [4], its parameter [3]"));
+  message = testing::error_message<UsageError>(
+      [&] { sgd_step({weight}, {grad}, {torch::zeros({3, 1})}, {true}, SGDOptions(0.1).momentum(0.9)); });
+  EXPECT_TRUE(testing::Contains(message, "sgd_step momentum_buffers[0]: has shape [3, 1]"));
+  message = testing::error_message<UsageError>(
+      [&] { adamw_step({weight}, {grad}, {torch::zeros({3})}, {torch::zeros({3})}, {0}, AdamWOptions()); });
+  EXPECT_TRUE(testing::Contains(message, "adamw_step steps[0]: must be at least 1"));
+  message = testing::error_message<UsageError>([&] { adamw_step({weight}, {grad}, {}, {}, {1}, AdamWOptions()); });
+  EXPECT_TRUE(testing::Contains(message, "adamw_step exp_avgs: expected 1 tensors, one per parameter, got 0"));
+}
 
 TEST(FlatOptimizer, LearningRateSetThroughParamGroupsTakesEffect) {
   auto set_lr = [](torch::optim::Optimizer& optimizer, int step) {
@@ -202,19 +319,10 @@ TEST(FlatOptimizer, GroupAddedLaterIsFlattenedAtTheNextStep) {
 }
 
 TEST(FlatOptimizer, GradientOfAnotherLayoutIsCopiedIn) {
-  auto reference_weight = torch::arange(12, torch::kFloat).reshape({3, 4}).requires_grad_();
-  auto flat_weight = reference_weight.detach().clone().requires_grad_();
-  torch::optim::SGD reference({reference_weight}, SGDOptions(0.1).momentum(0.9));
-  FlatSGD flat({flat_weight}, SGDOptions(0.1).momentum(0.9));
-  for (int step = 0; step < 3; ++step) {
-    const torch::Tensor transposed = torch::randn({4, 3}).t();  // other strides than the weight
-    reference_weight.mutable_grad() = transposed.clone();
-    flat_weight.mutable_grad() = transposed;
-    reference.step();
-    flat.step();
-  }
-  EXPECT_TRUE(torch::allclose(reference_weight, flat_weight, 0, 1e-6));
-  EXPECT_EQ(flat_weight.grad().data_ptr<float>(), flat.flat_grads(0).data_ptr<float>());
+  auto weight = transposed_gradients_start();
+  FlatSGD flat({weight}, SGDOptions(0.1).momentum(0.9));
+  EXPECT_TRUE(torch::allclose(step_with_transposed_gradients(flat, weight), weight, 0, 1e-6));
+  EXPECT_EQ(weight.grad().data_ptr<float>(), flat.flat_grads(0).data_ptr<float>());
 }
 
 // Runs `Saver` for 10 steps, hands its state through an archive to a `Loader` on a copy of

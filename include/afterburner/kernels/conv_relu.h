@@ -11,6 +11,8 @@
 //   torch::nn::Conv2d trained(torch::nn::Conv2dOptions(3, 16, 3));
 //   auto fused = kernels::Conv2dReLUImpl::from_conv(trained);   // same weight and bias tensors
 //
+//   torch::Tensor y2 = kernels::conv2d_relu(images, weight, bias, {1, 1}, {1, 1});  // functional
+//
 // Padding modes other than zeros, and "same" padding, are not supported: from_conv refuses them
 // (fuse() leaves such layers unfused with a notice).
 #pragma once
@@ -25,6 +27,12 @@
 #include <string>
 
 namespace afterburner::kernels {
+
+// relu(conv2d(x, weight, bias, stride, padding, dilation, groups)) for a batched [N, C, H, W] or
+// unbatched [C, H, W] x, with explicit zero padding; bias may be undefined.
+torch::Tensor conv2d_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                          at::IntArrayRef stride = {1, 1}, at::IntArrayRef padding = {0, 0},
+                          at::IntArrayRef dilation = {1, 1}, int64_t groups = 1);
 
 // Same options as torch::nn::Conv2d, so its configuration carries over unchanged.
 using Conv2dReLUOptions = torch::nn::Conv2dOptions;

@@ -160,4 +160,18 @@ class FlatAdamW : public FlatOptimizer {
   std::vector<torch::Tensor*> state_tensors(torch::optim::OptimizerParamState& state) const override;
 };
 
+// One step of SGD or AdamW over separate tensors, in one fused pass split into chunks across
+// them and run in parallel: the update of FlatSGD / FlatAdamW without their flat buffers, for
+// optimizers that must leave each parameter's storage where it is (the Python package's
+// FlatSGD / FlatAdamW, whose parameters move with Module.to()). The math is torch's SGD and
+// AdamW, as above. Every tensor is float32 on the CPU and dense; a gradient laid out unlike its
+// parameter is read from a copy in the parameter's layout; state tensors must share their
+// parameter's layout. `fresh[i]`: parameter i's momentum buffer is new, so this step fills it
+// (torch's first step); `steps[i]`: parameter i's AdamW step count, this step included. Call
+// with gradient recording off. Throws UsageError naming the argument that does not fit.
+void sgd_step(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+              const std::vector<bool>& fresh, const torch::optim::SGDOptions& options);
+void adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                at::IntArrayRef steps, const torch::optim::AdamWOptions& options);
+
 }  // namespace afterburner::kernels

@@ -55,6 +55,18 @@ class SKLinearImpl : public torch::nn::Cloneable<SKLinearImpl> {
 
 TORCH_MODULE(SKLinear);
 
+// The layer's tensors, as a fresh SKLinearImpl(options, dense_weight) draws them (bias undefined
+// without options.bias()). Throws UsageError for sizes below 1 or a dense weight of another shape.
+struct SKLinearTensors {
+  torch::Tensor S1s, S2s, U1s, U2s, bias;
+};
+SKLinearTensors initial_sklinear_tensors(const SKLinearOptions& options, const torch::Tensor& dense_weight = {});
+
+// SKLinear's forward over given tensors (sizes read from their shapes; bias may be undefined):
+// the op afterburner::sklinear. Throws UsageError naming the first tensor whose shape does not fit.
+torch::Tensor sketched_linear(const torch::Tensor& input, const torch::Tensor& S1s, const torch::Tensor& S2s,
+                              const torch::Tensor& U1s, const torch::Tensor& U2s, const torch::Tensor& bias);
+
 // True when 2Lk(d_in + d_out) > d_in d_out: the sketched layer has more parameters than the
 // dense one.
 bool sketch_saves_nothing(const SKLinearOptions& options);

@@ -1,0 +1,39 @@
+"""afterburner's fused ops in torch.nn.functional's style: same arguments, same results.
+
+Each function is scriptable and calls one op, torch.ops.afterburner.<name>, which has its own
+backward (gradients flow as through the unfused torch ops).
+"""
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+from torch._jit_internal import BroadcastingList2
+
+__all__ = ["relu_max_pool2d", "linear_relu", "conv2d_relu", "cross_entropy", "low_rank_linear"]
+
+
+def relu_max_pool2d(input: Tensor, kernel_size: int = 2, stride: Optional[int] = None, padding: int = 0,
+                    dilation: int = 1, ceil_mode: bool = False) -> Tensor:
+    """max_pool2d(relu(input)) for square windows, in one pass keeping a byte per output for backward."""
+    return torch.ops.afterburner.relu_max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def linear_relu(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """relu(linear(input, weight, bias)), keeping only the output for backward."""
+    return torch.ops.afterburner.linear_relu(input, weight, bias)
+
+
+def conv2d_relu(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: BroadcastingList2[int] = 1,
+                padding: BroadcastingList2[int] = 0, dilation: BroadcastingList2[int] = 1, groups: int = 1) -> Tensor:
+    """relu(conv2d(input, weight, bias, stride, padding, dilation, groups)), zero padding, ReLU in place."""
+    return torch.ops.afterburner.conv2d_relu(input, weight, bias, stride, padding, dilation, groups)
+
+
+def cross_entropy(input: Tensor, target: Tensor) -> Tensor:
+    """cross_entropy(input, target), mean over rows: class indices, no weights, no smoothing."""
+    return torch.ops.afterburner.cross_entropy(input, target)
+
+
+def low_rank_linear(input: Tensor, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, scale: float = 1.0) -> Tensor:
+    """scale * (input @ a) @ b + bias, never forming a @ b."""
+    return torch.ops.afterburner.low_rank_linear(input, a, b, bias, scale)

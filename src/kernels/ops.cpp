@@ -1,0 +1,106 @@
+// The fused kernels as dispatcher ops, `afterburner::<name>`: one registration serves eager
+// Python (torch.ops.afterburner.<name>, loaded from the Python package's shared library),
+// torch.jit.script and torch.jit.trace, and TorchScript files that afterburner's C++ tools load.
+// Each op has an Autograd kernel (the kernel's own autograd Function, so gradients flow) and a
+// CPU kernel for calls below autograd (inference mode), which records nothing.
+#include <torch/library.h>
+
+#include "afterburner/kernels/conv_relu.h"
+#include "afterburner/kernels/cross_entropy.h"
+#include "afterburner/kernels/flat_optim.h"
+#include "afterburner/kernels/linear_relu.h"
+#include "afterburner/kernels/low_rank.h"
+#include "afterburner/kernels/relu_maxpool.h"
+
+namespace afterburner::kernels {
+namespace {
+
+torch::Tensor or_undefined(const c10::optional<torch::Tensor>& tensor) { return tensor.value_or(torch::Tensor()); }
+
+torch::Tensor relu_max_pool2d_op(const torch::Tensor& x, int64_t kernel_size, c10::optional<int64_t> stride,
+                                 int64_t padding, int64_t dilation, bool ceil_mode) {
+  return relu_max_pool2d(x, ReluMaxPool2dOptions(kernel_size)
+                                .stride(stride.value_or(kernel_size))
+                                .padding(padding)
+                                .dilation(dilation)
+                                .ceil_mode(ceil_mode));
+}
+
+torch::Tensor linear_relu_op(const torch::Tensor& x, const torch::Tensor& weight,
+                             const c10::optional<torch::Tensor>& bias) {
+  return linear_relu(x, weight, or_undefined(bias));
+}
+
+torch::Tensor conv2d_relu_op(const torch::Tensor& x, const torch::Tensor& weight,
+                             const c10::optional<torch::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+                             at::IntArrayRef dilation, int64_t groups) {
+  return conv2d_relu(x, weight, or_undefined(bias), stride, padding, dilation, groups);
+}
+
+torch::Tensor low_rank_linear_op(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
+                                 const c10::optional<torch::Tensor>& bias, double scale) {
+  return low_rank_linear(x, a, b, or_undefined(bias), scale);
+}
+
+void sgd_step_op(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                 const c10::List<bool>& fresh, double lr, double momentum, double dampening, double weight_decay,
+                 bool nesterov) {
+  sgd_step(params, grads, momentum_buffers, std::vector<bool>(fresh.begin(), fresh.end()),
+           torch::optim::SGDOptions(lr).momentum(momentum).dampening(dampening).weight_decay(weight_decay).nesterov(
+               nesterov));
+}
+
+void adamw_step_op(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                   at::IntArrayRef steps, double lr, double beta1, double beta2, double eps, double weight_decay) {
+  adamw_step(params, grads, exp_avgs, exp_avg_sqs, steps,
+             torch::optim::AdamWOptions(lr).betas({beta1, beta2}).eps(eps).weight_decay(weight_decay));
+}
+
+// `op` with gradient recording off: the CPU kernel, reached only below autograd.
+template <auto op>
+struct WithoutGrad;
+template <typename Result, typename... Args, Result (*op)(Args...)>
+struct WithoutGrad<op> {
+  static Result call(Args... args) {
+    const at::NoGradGuard no_grad;
+    return op(args...);
+  }
+};
+
+template <auto op>
+void register_kernels(torch::Library& library, const char* name) {
+  library.impl(name, torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN(op)));
+  library.impl(name, torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(WithoutGrad<op>::call)));
+}
+
+}  // namespace
+
+TORCH_LIBRARY(afterburner, m) {
+  // max_pool2d(relu(x)); stride defaults to the kernel size, as in max_pool2d.
+  m.def("relu_max_pool2d(Tensor x, int kernel_size=2, int? stride=None, int padding=0, int dilation=1, "
+        "bool ceil_mode=False) -> Tensor");
+  register_kernels<relu_max_pool2d_op>(m, "relu_max_pool2d");
+  // relu(x weight^T + bias), as relu(linear(x, weight, bias)).
+  m.def("linear_relu(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
+  register_kernels<linear_relu_op>(m, "linear_relu");
+  // relu(conv2d(x, weight, bias, stride, padding, dilation, groups)), zero padding.
+  m.def("conv2d_relu(Tensor x, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, "
+        "int[2] dilation=1, int groups=1) -> Tensor");
+  register_kernels<conv2d_relu_op>(m, "conv2d_relu");
+  // mean over rows of -log_softmax(logits)[row, target[row]], as cross_entropy(logits, target).
+  m.def("cross_entropy(Tensor logits, Tensor target) -> Tensor");
+  register_kernels<cross_entropy>(m, "cross_entropy");
+  // scale (x a) b + bias: the two GEMMs of a sketched layer.
+  m.def("low_rank_linear(Tensor x, Tensor a, Tensor b, Tensor? bias=None, float scale=1.0) -> Tensor");
+  register_kernels<low_rank_linear_op>(m, "low_rank_linear");
+  // One in-place step of torch.optim.SGD / AdamW over all the tensors given, in one fused pass
+  // (kernels::sgd_step / adamw_step); run under no_grad, as optimizers step.
+  m.def("sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, bool[] fresh, float lr, "
+        "float momentum, float dampening, float weight_decay, bool nesterov) -> ()",
+        sgd_step_op);
+  m.def("adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+        "int[] steps, float lr, float beta1, float beta2, float eps, float weight_decay) -> ()",
+        adamw_step_op);
+}
+
+}  // namespace afterburner::kernels

@@ -1,0 +1,41 @@
+// The sketched layers as dispatcher ops beside the fused kernels (src/kernels/ops.cpp), for the
+// Python package's afterburner.nn.SKLinear and for TorchScript files that use it. Both are
+// composite: gradients flow through the kernels they are made of.
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "afterburner/sketch/sklinear.h"
+
+namespace afterburner::sketch {
+namespace {
+
+torch::Tensor sketched_linear_op(const torch::Tensor& input, const torch::Tensor& S1s, const torch::Tensor& S2s,
+                                 const torch::Tensor& U1s, const torch::Tensor& U2s,
+                                 const c10::optional<torch::Tensor>& bias) {
+  return sketched_linear(input, S1s, S2s, U1s, U2s, bias.value_or(torch::Tensor()));
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> initial_sklinear_op(
+    int64_t in_features, int64_t out_features, int64_t num_terms, int64_t low_rank,
+    const c10::optional<torch::Tensor>& W_init, bool bias) {
+  const SKLinearTensors tensors = initial_sklinear_tensors(
+      SKLinearOptions(in_features, out_features).terms(num_terms).rank(low_rank).bias(bias),
+      W_init.value_or(torch::Tensor()));
+  return {tensors.S1s, tensors.S2s, tensors.U1s, tensors.U2s, tensors.bias};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(afterburner, m) {
+  // 1/(2L) sum_i [(x S1s[i]) U1s[i] + (x U2s[i]) S2s[i]] + bias, as two GEMMs (SKLinear's forward).
+  m.def("sklinear(Tensor input, Tensor S1s, Tensor S2s, Tensor U1s, Tensor U2s, Tensor? bias=None) -> Tensor",
+        sketched_linear_op);
+  // SKLinear's initial tensors: S1s, S2s, U1s, U2s and bias (None without one), from W_init
+  // ([out_features, in_features], torch.nn.Linear's layout) or from torch.nn.Linear's draw.
+  m.def("sklinear_init(int in_features, int out_features, int num_terms, int low_rank, Tensor? W_init=None, "
+        "bool bias=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+        initial_sklinear_op);
+}
+
+}  // namespace afterburner::sketch

@@ -1,0 +1,170 @@
+"""afterburner.nn against torch.nn and Panther's definition of SKLinear: values and gradients
+against double-precision references, state_dicts, TorchScript, and fuse() on models written the
+way users write them."""
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from afterburner import nn as abnn
+
+
+def sketched_reference(x, S1s, S2s, U1s, U2s, bias):
+    """Panther's SKLinear forward, term by term, in double."""
+    x, S1s, S2s, U1s, U2s = (t.double() for t in (x, S1s, S2s, U1s, U2s))
+    terms = S1s.shape[0]
+    y = sum((x @ S1s[i]) @ U1s[i] + (x @ U2s[i]) @ S2s[i] for i in range(terms)) / (2 * terms)
+    return y if bias is None else y + bias.double()
+
+
+def round_trip(module):
+    buffer = io.BytesIO()
+    torch.jit.save(module, buffer)
+    buffer.seek(0)
+    return torch.jit.load(buffer)
+
+
+# Panther's own test shapes (tests/test_sklinear_cpp.py: batch 32, 1024 -> 2048, rank 64, 3 terms)
+# and odd small ones, with and without bias, 1-D to 3-D inputs.
+@pytest.mark.parametrize("in_features,out_features,terms,rank,bias,batch_shape", [
+    (1024, 2048, 3, 64, True, (32,)),
+    (37, 29, 2, 3, True, (1,)),
+    (37, 29, 1, 5, False, (4, 3)),
+    (64, 48, 2, 4, True, ()),
+])
+def test_sklinear_matches_panthers_definition(in_features, out_features, terms, rank, bias, batch_shape):
+    layer = abnn.SKLinear(in_features, out_features, num_terms=terms, low_rank=rank, bias=bias)
+    assert layer.S1s.shape == (terms, in_features, rank) and layer.S2s.shape == (terms, rank, out_features)
+    assert layer.U1s.shape == (terms, rank, out_features) and layer.U2s.shape == (terms, in_features, rank)
+    expected_keys = {"S1s", "S2s", "U1s", "U2s"} | ({"bias"} if bias else set())
+    assert set(layer.state_dict()) == expected_keys
+    assert {name for name, _ in layer.named_parameters()} == expected_keys - {"U1s", "U2s"}
+    x = torch.randn(*batch_shape, in_features, requires_grad=True)
+    params = [x] + list(layer.parameters())
+    expected = sketched_reference(x, layer.S1s, layer.S2s, layer.U1s, layer.U2s, layer.bias)
+    grad_out = torch.randn(expected.shape, dtype=torch.double)
+    expected_grads = torch.autograd.grad(expected, params, grad_out)
+    for _ in range(2):
+        y = layer(x)
+        assert y.shape == (*batch_shape, out_features) and y.dtype == torch.float32
+        torch.testing.assert_close(y.double(), expected, rtol=1e-4, atol=1e-4)
+        for got, want in zip(torch.autograd.grad(y, params, grad_out.float()), expected_grads):
+            torch.testing.assert_close(got.double(), want.double(), rtol=1e-4, atol=1e-3)
+    assert layer.U1s.grad is None and not layer.U1s.requires_grad
+
+
+def test_sklinear_starts_from_W_init_as_panther_does():
+    W = torch.randn(24, 40)  # torch.nn.Linear's layout [out, in]
+    layer = abnn.SKLinear(40, 24, num_terms=2, low_rank=3, W_init=W)
+    for i in range(2):
+        torch.testing.assert_close(layer.S1s[i], W.T @ layer.U1s[i].T)
+        torch.testing.assert_close(layer.S2s[i], layer.U2s[i].T @ W.T)
+    with pytest.raises(RuntimeError, match="dense_weight"):
+        abnn.SKLinear(40, 24, num_terms=2, low_rank=3, W_init=W.T)
+
+
+def test_sklinear_loads_a_panther_state_dict_and_runs_in_torchscript():
+    source = abnn.SKLinear(50, 30, num_terms=2, low_rank=4)
+    # What panther.nn.SKLinear saves: the same names and shapes, other values.
+    panther_state = {name: torch.randn_like(t) for name, t in source.state_dict().items()}
+    layer = abnn.SKLinear(50, 30, num_terms=2, low_rank=4)
+    layer.load_state_dict(panther_state)
+    x = torch.randn(7, 50)
+    expected = sketched_reference(x, *(panther_state[n] for n in ("S1s", "S2s", "U1s", "U2s", "bias")))
+    model = torch.nn.Sequential(layer, torch.nn.ReLU())
+    for module in (model, torch.jit.script(model), round_trip(torch.jit.script(model))):
+        torch.testing.assert_close(module(x).double(), F.relu(expected), rtol=1e-4, atol=1e-4)
+
+
+def test_sklinear_rejects_bad_shapes_in_one_line():
+    layer = abnn.SKLinear(20, 10, num_terms=1, low_rank=2)
+    with pytest.raises(RuntimeError, match=r"SKLinear input: expected \[\.\.\., 20\]"):
+        layer(torch.randn(3, 21))
+    with pytest.raises(RuntimeError, match="SKLinear terms: must be at least 1"):
+        abnn.SKLinear(20, 10, num_terms=0, low_rank=2)
+
+
+def test_fused_layers_start_as_torch_nn_layers_do():
+    torch.manual_seed(3)
+    linear, conv = torch.nn.Linear(9, 4), torch.nn.Conv2d(3, 5, 3, padding=1, bias=False)
+    torch.manual_seed(3)
+    fused_linear, fused_conv = abnn.LinearReLU(9, 4), abnn.Conv2dReLU(3, 5, 3, padding=1, bias=False)
+    assert torch.equal(linear.weight, fused_linear.weight) and torch.equal(linear.bias, fused_linear.bias)
+    assert torch.equal(conv.weight, fused_conv.weight) and fused_conv.bias is None
+    x = torch.randn(2, 3, 6, 6)
+    torch.testing.assert_close(fused_conv(x), F.relu(conv(x)))
+    with pytest.raises(ValueError, match="padding_mode 'reflect'"):
+        abnn.Conv2dReLU(3, 5, 3, padding=1, padding_mode="reflect")
+
+
+class UserNet(torch.nn.Module):
+    """Written as users write models: a custom forward over named Sequentials, BatchNorm,
+    Dropout, a nested Sequential, a no-bias layer and a tuple output."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(inplace=True), torch.nn.MaxPool2d(2, 2),
+            torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1, bias=False), torch.nn.ReLU()))
+        self.classifier = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(16 * 7 * 7, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+            torch.nn.Linear(32, 10))
+
+    def forward(self, x):
+        features = self.features(x)
+        return self.classifier(features), features.mean()
+
+
+@pytest.mark.parametrize("batch", [1, 3, 64])
+def test_fuse_keeps_a_users_model_exact(batch):
+    model = UserNet()
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # built before fusing: must still train it
+    report = abnn.fuse(model)
+    assert report.fused == ["features.2-3: ReLU + MaxPool2d",
+                            "features.5-6: ReLU + MaxPool2d",
+                            "features.7.0-1: Conv2d + ReLU",
+                            "classifier.1-2: Linear + ReLU"]
+    assert report.notices == []
+    assert list(model.state_dict()) == list(reference.state_dict())
+    assert isinstance(model.classifier[1], abnn.LinearReLU) and isinstance(model.features[3], abnn.ReluMaxPool2d)
+    x, target = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+    for step in range(2):  # a training step each, then the next step starts from equal weights
+        logits, losses = [], []
+        for net in (model, reference):
+            torch.manual_seed(step)  # the same Dropout masks
+            net_logits, mean = net(x)
+            logits.append(net_logits)
+            losses.append(F.cross_entropy(net_logits, target) + mean)
+        torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+        for loss in losses:
+            loss.backward()
+        for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5, msg=name)
+        optimizer.step()
+        optimizer.zero_grad()
+        with torch.no_grad():
+            for got, want in zip(model.parameters(), reference.parameters()):
+                want.copy_(got)
+        reference.zero_grad()
+    model.eval()
+    reference.eval()
+    x = torch.randn(batch, 1, 28, 28)
+    for module in (torch.jit.script(model), round_trip(torch.jit.trace(model, x))):
+        for _ in range(2):
+            torch.testing.assert_close(module(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_fuse_says_what_it_leaves_unfused():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1, padding_mode="reflect"), torch.nn.ReLU(),
+        torch.nn.ReLU(), torch.nn.MaxPool2d((2, 3)),
+        torch.nn.Linear(4, 4), torch.nn.Tanh())
+    report = abnn.fuse(model)
+    assert report.fused == []
+    assert report.notices == ["0-1: Conv2d + ReLU left unfused: padding_mode 'reflect' (only zeros)",
+                              "2-3: ReLU + MaxPool2d left unfused: kernel_size (2, 3) is not square"]
+    assert type(model[0]) is torch.nn.Conv2d and type(model[3]) is torch.nn.MaxPool2d
