@@ -20,6 +20,13 @@ way its tutorial writes it: DistributedSampler (set_epoch every epoch), --batch-
 every rank evaluating. Rank 0 writes the report, its samples counting all ranks, with DDP's own
 communication figures (_get_ddp_logging_data) under "communication".
 
+afterburner's Python package: --afterburner PIECES swaps its pieces into this same loop, a
+comma-separated list of fuse (afterburner.nn.fuse on the model), loss
+(afterburner.nn.functional.cross_entropy), optim (afterburner.optim.FlatSGD), heap
+(afterburner.heap.keep_freed_memory), loader (afterburner.data.Loader with --workers threads and
+the same transforms, batched, instead of the DataLoader), or all. The package must be importable (installed, or
+PYTHONPATH=build/python).
+
 Timing matches afterburner's: a step runs from asking the DataLoader for a batch through
 optimizer.step(), so it includes data wait; train_samples_per_sec is trained samples over the
 summed step time of all epochs. epoch_seconds is the wall time of each epoch's training loop
@@ -147,14 +154,37 @@ def schedule_factor(kind, step, total_steps, warmup_steps):
     return cosine(1.0, start / 1e4, min(1.0, (step - peak_step) / max(1.0, total - 1 - peak_step)))
 
 
+AFTERBURNER_PIECES = ("fuse", "loss", "optim", "heap", "loader")
+
+
+def afterburner_pieces(text):
+    pieces = set(AFTERBURNER_PIECES) if text == "all" else set(filter(None, text.split(",")))
+    unknown = pieces - set(AFTERBURNER_PIECES)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown pieces {sorted(unknown)} (known: {', '.join(AFTERBURNER_PIECES)}, all)")
+    return pieces
+
+
 class Trainer:
     """One model with its optimizer, schedule and precision: trains and measures accuracy."""
 
     def __init__(self, model, args, steps_per_epoch):
         self.memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
         self.model = model.to(memory_format=self.memory_format)
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                                         nesterov=args.nesterov, weight_decay=args.weight_decay)
+        optimizer = torch.optim.SGD
+        self.cross_entropy = F.cross_entropy
+        if args.afterburner:
+            import afterburner
+            if "fuse" in args.afterburner:
+                afterburner.nn.fuse(model)
+            if "loss" in args.afterburner:
+                self.cross_entropy = afterburner.nn.functional.cross_entropy
+            if "optim" in args.afterburner:
+                optimizer = afterburner.optim.FlatSGD
+            if "heap" in args.afterburner:
+                afterburner.heap.keep_freed_memory()
+        self.optimizer = optimizer(model.parameters(), lr=args.lr, momentum=args.momentum,
+                                   nesterov=args.nesterov, weight_decay=args.weight_decay)
         total_steps = steps_per_epoch * args.epochs
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: schedule_factor(args.schedule, step, total_steps, args.warmup_steps))
@@ -182,7 +212,7 @@ class Trainer:
             step_start = time.perf_counter()
             images, labels = next(batches)
             with self.autocast():
-                loss = F.cross_entropy(self.logits(images), labels)
+                loss = self.cross_entropy(self.logits(images), labels)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
@@ -208,19 +238,37 @@ class Trainer:
 
     def accuracy(self, loader):
         self.model.eval()
-        correct = 0
+        correct = total = 0
         with torch.inference_mode(), self.autocast():
             for images, labels in loader:
                 correct += (self.logits(images).argmax(1) == labels).sum().item()
+                total += len(labels)
         self.model.train()
-        return correct / len(loader.dataset)
+        return correct / total
 
 
 def world_size():
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def make_afterburner_loaders(args):
+    """afterburner.data.Loader over the same images with the same transforms, batched."""
+    from afterburner import data
+    common = dict(workers=args.workers, seed=args.seed, scale=1 / 255, mean=[MEAN], std=[STD])
+    images, labels = load_split(args.data, "train")
+    train = data.Loader(images.unsqueeze(1), labels, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                        random_crop=PAD if args.augment else 0, **common)
+    images, labels = load_split(args.data, "t10k")
+    test = data.Loader(images.unsqueeze(1), labels, batch_size=EVAL_BATCH_SIZE, shuffle=False, drop_last=False,
+                       **common)
+    return train, test
+
+
 def make_loaders(args):
+    if "loader" in args.afterburner:
+        if world_size() > 1:
+            sys.exit("--afterburner loader: not with torchrun (no DistributedSampler)")
+        return make_afterburner_loaders(args)
     train_set = FashionMnist(*load_split(args.data, "train"), augment=args.augment)
     test_set = FashionMnist(*load_split(args.data, "t10k"), augment=False)
     workers = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
@@ -297,6 +345,7 @@ def run(args):
         "epochs": args.epochs,
         "channels_last": args.channels_last,
         "framework": "pytorch",
+        "afterburner_pieces": sorted(args.afterburner),
         "torch_version": torch.__version__,
     }
 
@@ -353,6 +402,8 @@ def parse_args(argv=None):
                    help="model and input in torch.channels_last")
     p.add_argument("--max-steps", type=positive_int, metavar="N",
                    help="cut each epoch after N steps (accuracy is still measured)")
+    p.add_argument("--afterburner", type=afterburner_pieces, default=set(), metavar="PIECES",
+                   help="afterburner's pieces swapped in: fuse,loss,optim,heap or all")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR,
                    help="directory holding the Fashion-MNIST IDX .gz files")
     p.add_argument("--report", type=Path, metavar="FILE",

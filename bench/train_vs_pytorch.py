@@ -55,6 +55,25 @@ def spread(values):
     return f"median {statistics.median(values):8.0f}  min {min(values):8.0f}  max {max(values):8.0f}"
 
 
+def compare_alternating(title, reps, first, second):
+    """Runs first() and second() (each returning a report) `reps` times, alternating, and prints
+    their training samples/s, test accuracy, and second's ratio to first's, pair by pair.
+    first and second are (label, function) pairs."""
+    reports = {first[0]: [], second[0]: []}
+    for _ in range(reps):
+        for label, run in (first, second):
+            reports[label].append(run())
+    print(f"{title}, {reps} pairs, training samples/s")
+    for label, runs in reports.items():
+        speeds = [r["train_samples_per_sec"] for r in runs]
+        accuracy = statistics.median(r["test_accuracy"] for r in runs)
+        print(f"  {label:24s} {spread(speeds)}   test acc {accuracy:.4f}")
+    ratios = [b["train_samples_per_sec"] / a["train_samples_per_sec"] for a, b in zip(*reports.values())]
+    print(f"  {'ratio':24s} median {statistics.median(ratios):.2f}x  min {min(ratios):.2f}x  max {max(ratios):.2f}x"
+          " (pair by pair)")
+    sys.stdout.flush()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build")

@@ -34,15 +34,15 @@ struct DataParallel::Engine {
   std::shared_ptr<c10d::Logger> logger;  // the Reducer uses it on one path without a null check
 };
 
-DataParallel::DataParallel(torch::nn::Module& model, const Group& group, const DataParallelOptions& options)
+DataParallel::DataParallel(const train::Model& model, const Group& group, const DataParallelOptions& options)
     : engine_(std::make_unique<Engine>()) {
   engine_->group = group;
   std::vector<at::Tensor> parameters;
   std::unordered_map<size_t, std::string> names;
-  for (const auto& item : model.named_parameters()) {
-    if (!item.value().requires_grad()) continue;
-    names[parameters.size()] = item.key();
-    parameters.push_back(item.value());
+  for (const auto& [name, parameter] : model.named_parameters()) {
+    if (!parameter.requires_grad()) continue;
+    names[parameters.size()] = name;
+    parameters.push_back(parameter);
   }
   try {
     c10d::verify_params_across_processes(group.process_group, parameters, c10::nullopt);

@@ -200,7 +200,8 @@ void launch_local_ranks(const std::vector<std::string>& command, const LaunchOpt
   }
   const int64_t first_rank = options.node_rank() * options.nproc();
   std::optional<std::string> failure;
-  std::optional<std::chrono::steady_clock::time_point> terminate_at, kill_at;
+  constexpr auto kNever = std::chrono::steady_clock::time_point::max();
+  auto terminate_at = kNever, kill_at = kNever;
   for (int64_t running = options.nproc(); running > 0;) {
     for (int64_t local = 0; local < options.nproc(); ++local) {
       int status = 0;
@@ -214,15 +215,15 @@ void launch_local_ranks(const std::vector<std::string>& command, const LaunchOpt
     }
     if (running == 0) break;
     const auto now = std::chrono::steady_clock::now();
-    if (terminate_at && now >= *terminate_at) {
+    if (now >= terminate_at) {
       forward_signal(SIGTERM);
       forward_signal(SIGCONT);  // a stopped rank receives its SIGTERM only once it runs
-      terminate_at.reset();
+      terminate_at = kNever;
       kill_at = now + kKillAfterTerm;
     }
-    if (kill_at && now >= *kill_at) {
+    if (now >= kill_at) {
       forward_signal(SIGKILL);
-      kill_at.reset();
+      kill_at = kNever;
     }
     std::this_thread::sleep_for(kPollInterval);
   }

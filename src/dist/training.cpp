@@ -53,7 +53,7 @@ std::optional<train::TrainReport> train_rank(const train::TrainConfig& config, G
   try {
     train::DataParallelism parallel;
     parallel.batch_norm = [&](int64_t channels) { return torch::nn::AnyModule(SyncBatchNorm2d(channels, group)); };
-    parallel.replicate = [&](torch::nn::Module& model) { return std::make_shared<DataParallel>(model, group); };
+    parallel.replicate = [&](const train::Model& model) { return std::make_shared<DataParallel>(model, group); };
     auto report = train::run_training(rank_config, parallel);
     if (group.rank != 0) return std::nullopt;
     return report;

@@ -17,12 +17,19 @@ namespace {
 
 torch::Tensor or_undefined(const c10::optional<torch::Tensor>& tensor) { return tensor.value_or(torch::Tensor()); }
 
-torch::Tensor relu_max_pool2d_op(const torch::Tensor& x, int64_t kernel_size, c10::optional<int64_t> stride,
-                                 int64_t padding, int64_t dilation, bool ceil_mode) {
-  return relu_max_pool2d(x, ReluMaxPool2dOptions(kernel_size)
-                                .stride(stride.value_or(kernel_size))
-                                .padding(padding)
-                                .dilation(dilation)
+// max_pool2d's arguments: square windows take the fused kernel (which validates them), others
+// torch's relu and max_pool2d.
+torch::Tensor relu_max_pool2d_op(const torch::Tensor& x, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                                 at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode) {
+  if (stride.empty()) stride = kernel_size;
+  const auto square = [](at::IntArrayRef pair) { return pair.size() == 2 && pair[0] == pair[1]; };
+  if (!square(kernel_size) || !square(stride) || !square(padding) || !square(dilation)) {
+    return at::max_pool2d(at::relu(x), kernel_size, stride, padding, dilation, ceil_mode);
+  }
+  return relu_max_pool2d(x, ReluMaxPool2dOptions(kernel_size[0])
+                                .stride(stride[0])
+                                .padding(padding[0])
+                                .dilation(dilation[0])
                                 .ceil_mode(ceil_mode));
 }
 
@@ -76,8 +83,8 @@ void register_kernels(torch::Library& library, const char* name) {
 }  // namespace
 
 TORCH_LIBRARY(afterburner, m) {
-  // max_pool2d(relu(x)); stride defaults to the kernel size, as in max_pool2d.
-  m.def("relu_max_pool2d(Tensor x, int kernel_size=2, int? stride=None, int padding=0, int dilation=1, "
+  // max_pool2d(relu(x)), with max_pool2d's arguments (an empty stride is the kernel size).
+  m.def("relu_max_pool2d(Tensor x, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, "
         "bool ceil_mode=False) -> Tensor");
   register_kernels<relu_max_pool2d_op>(m, "relu_max_pool2d");
   // relu(x weight^T + bias), as relu(linear(x, weight, bias)).

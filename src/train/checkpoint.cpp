@@ -22,33 +22,45 @@ void write_archive(const std::string& path, torch::serialize::OutputArchive& arc
   }
 }
 
-// The tensors `archive` holds for `module`, in Module::save's layout, read but not yet applied;
-// false when one has another shape than the module's.
-bool read_state(torch::nn::Module& module, torch::serialize::InputArchive& archive,
+// The model's state in torch::nn::Module::save's layout: a checkpoint of a zoo model reads as
+// the same module's own save would.
+void write_state(const StateTree& tree, torch::serialize::OutputArchive& archive) {
+  for (const auto& [name, parameter] : tree.parameters) archive.write(name, parameter);
+  for (const auto& [name, buffer] : tree.buffers) archive.write(name, buffer, /*is_buffer=*/true);
+  for (const auto& [name, child] : tree.children) {
+    torch::serialize::OutputArchive child_archive(archive.compilation_unit());
+    write_state(child, child_archive);
+    archive.write(name, child_archive);
+  }
+}
+
+// The tensors `archive` holds for `tree`, read but not yet applied; false when one has another
+// shape than the model's.
+bool read_state(const StateTree& tree, torch::serialize::InputArchive& archive,
                 std::vector<std::pair<torch::Tensor, torch::Tensor>>& into) {
-  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+  for (const auto& [name, parameter] : tree.parameters) {
     torch::Tensor saved;
-    archive.read(item.key(), saved);
-    into.emplace_back(item.value(), saved);
+    archive.read(name, saved);
+    into.emplace_back(parameter, saved);
   }
-  for (const auto& item : module.named_buffers(/*recurse=*/false)) {
+  for (const auto& [name, buffer] : tree.buffers) {
     torch::Tensor saved;
-    archive.read(item.key(), saved, /*is_buffer=*/true);
-    into.emplace_back(item.value(), saved);
+    archive.read(name, saved, /*is_buffer=*/true);
+    into.emplace_back(buffer, saved);
   }
-  for (const auto& child : module.named_children()) {
+  for (const auto& [name, child] : tree.children) {
     torch::serialize::InputArchive child_archive;
-    archive.read(child.key(), child_archive);
-    if (!read_state(*child.value(), child_archive, into)) return false;
+    archive.read(name, child_archive);
+    if (!read_state(child, child_archive, into)) return false;
   }
   return std::all_of(into.begin(), into.end(), [](const auto& pair) { return pair.first.sizes() == pair.second.sizes(); });
 }
 
 // Module::load swaps each tensor's storage for the file's (Tensor::set_); copying keeps the
 // memory that others hold on to (c10d's Reducer, a flat optimizer's buffer) as the parameters'.
-bool load_in_place(torch::nn::Module& module, torch::serialize::InputArchive& archive) {
+bool load_in_place(const Model& model, torch::serialize::InputArchive& archive) {
   std::vector<std::pair<torch::Tensor, torch::Tensor>> state;
-  if (!read_state(module, archive, state)) return false;
+  if (!read_state(model.state(), archive, state)) return false;
   torch::NoGradGuard no_grad;
   for (auto& [tensor, saved] : state) tensor.copy_(saved);
   return true;
@@ -85,7 +97,7 @@ void save_checkpoint(const std::string& path, const CheckpointTarget& target) {
   archive.write("format", c10::IValue(std::string(kFormat)));
   archive.write("model_name", c10::IValue(target.model_name));
   torch::serialize::OutputArchive model, optimizer;
-  target.model.save(model);
+  write_state(target.model.state(), model);
   target.optimizer.save(optimizer);
   archive.write("model", model);
   archive.write("optimizer", optimizer);

@@ -133,7 +133,8 @@ ConfigField layer_list_field() {
 std::vector<ConfigField> make_fields() {
   const double inf = std::numeric_limits<double>::infinity();
   return {
-      text("model", "model from the zoo: mlp, cnn, resnet", &TrainConfig::model),
+      text("model", "model from the zoo (mlp, cnn, resnet) or a TorchScript file to train in place (my_model.pt)",
+           &TrainConfig::model),
       text("data", "directory holding the MNIST-format IDX files (raw or .gz)", &TrainConfig::data),
       integer("epochs", "passes over the training set", &TrainConfig::epochs, 1),
       integer("batch_size", "samples per micro-batch, over all data-parallel ranks together", &TrainConfig::batch_size, 1),

@@ -6,7 +6,6 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/core/file_writer.h"
-#include "afterburner/models/export.h"
 #include "afterburner/train/session.h"
 
 namespace afterburner::train {
@@ -39,7 +38,7 @@ TrainReport run_training(const TrainConfig& config, const DataParallelism& paral
   TrainingSession session(config, load_training_data(config), parallel);
   TrainReport report = session.fit();
   if (session.rank() != 0) return report;
-  if (!config.export_path.empty()) models::export_torchscript(session.exportable_model(), config.export_path);
+  if (!config.export_path.empty()) session.export_model(config.export_path);
   if (!config.report.empty()) write_report(report, config.report);
   return report;
 }

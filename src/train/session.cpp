@@ -15,8 +15,10 @@
 #include "afterburner/data/idx.h"
 #include "afterburner/data/loader.h"
 #include "afterburner/data/transforms.h"
+#include "afterburner/infer/model_file.h"
 #include "afterburner/kernels/cross_entropy.h"
 #include "afterburner/kernels/fuse.h"
+#include "afterburner/models/export.h"
 #include "afterburner/models/zoo.h"
 #include "afterburner/profile/memory.h"
 #include "afterburner/sketch/sequential.h"
@@ -58,7 +60,7 @@ void describe_images(const data::Dataset& dataset, TrainingData& stats) {
   }
 }
 
-void to_channels_last(torch::nn::Module& model) {
+void to_channels_last(const Model& model) {
   torch::NoGradGuard no_grad;
   for (auto& p : model.parameters()) {
     if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
@@ -70,6 +72,68 @@ int64_t evaluation_interval(const TrainConfig& config, int64_t batches_per_epoch
   constexpr int64_t kEvaluationsPerEpoch = 8;
   if (config.eval_every > 0 || config.target_accuracy <= 0) return config.eval_every;
   return std::max<int64_t>(1, batches_per_epoch / config.accumulate / kEvaluationsPerEpoch);
+}
+
+// --model names a TorchScript file rather than a zoo model.
+bool names_a_file(const std::string& model) {
+  return model.find('/') != std::string::npos || (model.size() > 3 && model.compare(model.size() - 3, 3, ".pt") == 0);
+}
+
+// A user's TorchScript model, loaded to be trained in place, with the zoo-only options refused.
+torch::jit::Module load_user_model(const TrainConfig& config) {
+  if (config.sketch) throw UsageError("--sketch", "sketches zoo models; " + config.model + " is trained as written");
+  if (!config.checkpoint_layers.empty()) {
+    throw UsageError("--checkpoint-layers", "applies to zoo models; " + config.model + " is trained as written");
+  }
+  torch::jit::Module script = infer::load_model(config.model);
+  bool trainable = false;
+  for (const auto& parameter : script.parameters()) trainable = trainable || parameter.requires_grad();
+  if (!trainable) {
+    throw UsageError("--model", config.model + ": none of its parameters requires grad, so there is nothing to train "
+                                               "(files from `afterburner train --export` or torch.jit.freeze are "
+                                               "for inference)");
+  }
+  script.train();
+  return script;
+}
+
+// BatchNorm's running statistics, by the buffer names torch.nn.BatchNorm*d registers.
+bool has_batch_norm(const torch::jit::Module& script) {
+  for (const auto& buffer : script.named_buffers()) {
+    const std::string& name = buffer.name;
+    if (name == "running_mean" || (name.size() > 13 && name.compare(name.size() - 13, 13, ".running_mean") == 0)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// One forward of two training samples (in evaluation mode: no BatchNorm statistics move) before
+// training starts, so that a model whose input or output does not fit cross-entropy over the
+// dataset's classes stops with one line naming the file, not inside the first step.
+void check_model_fits(Model& model, const TrainingData& data, const std::string& name, bool channels_last) {
+  const int64_t classes = models::ModelOptions().num_classes();
+  const torch::Tensor images = data.train->get_batch(torch::arange(2, torch::kLong))
+                                   .input.to(torch::kFloat)
+                                   .div_(255)
+                                   .contiguous(channels_last ? torch::MemoryFormat::ChannelsLast
+                                                             : torch::MemoryFormat::Contiguous);
+  const std::string input = "a batch " + c10::str(images.sizes());
+  torch::Tensor logits;
+  model.train(false);
+  try {
+    torch::NoGradGuard no_grad;
+    logits = model.forward(images);
+  } catch (const std::exception& e) {
+    model.train();
+    throw UsageError("--model", fmt::format("{}: its forward fails on {}: {}", name, input, first_line(e)));
+  }
+  model.train();
+  if (logits.dim() != 2 || logits.size(0) != 2 || logits.size(1) < classes) {
+    throw UsageError("--model", fmt::format("{}: its forward returns {} for {}; cross-entropy over the dataset's {} "
+                                            "classes needs [2, {}] logits",
+                                            name, c10::str(logits.sizes()), input, classes, classes));
+  }
 }
 
 int64_t total_steps(const TrainConfig& config, int64_t batches_per_epoch) {
@@ -140,7 +204,8 @@ struct TrainingSession::Parts {
   std::string evaluated_on;
   torch::Device device = torch::kCPU;
   int workers = 0;
-  torch::nn::Sequential model;  // as built: exportable, sharing its parameters with the trained one
+  torch::nn::Sequential model;  // a zoo model as built: exportable, sharing its parameters with the trained one
+  std::optional<torch::jit::Module> script;  // or the user's TorchScript model, trained in place
   std::unique_ptr<data::Loader> train_loader, test_loader;
   std::string schedule;
   std::unique_ptr<Trainer> trainer;
@@ -148,9 +213,50 @@ struct TrainingSession::Parts {
   int64_t rank = 0;
 
   int threads() const { return config.threads > 0 ? static_cast<int>(config.threads) : available_cores(); }
+  Model zoo_model(const TrainConfig& config, const TrainingData& data, const DataParallelism& parallel);
+  Model user_model(const TrainConfig& config, const TrainingData& data, const DataParallelism& parallel,
+                   bool channels_last);
   void run_steps(const std::function<bool(int64_t)>& next, const std::function<std::optional<double>(int64_t)>& lr,
                  const std::function<void(int64_t, double, int64_t)>& done);
 };
+
+// The zoo model as configured, built (and sketched) into `model`; returns the model the trainer
+// runs, fused and checkpointed as asked, which shares every parameter with `model`.
+Model TrainingSession::Parts::zoo_model(const TrainConfig& config, const TrainingData& data,
+                                        const DataParallelism& parallel) {
+  model = models::make_model(config.model, models::ModelOptions()
+                                               .in_channels(data.channels)
+                                               .image_size(data.image_size)
+                                               .batch_norm(parallel.batch_norm));
+  if (config.sketch) model = sketched(model, config);
+  torch::nn::Sequential trained = model;
+  if (config.fuse) {
+    auto fused = kernels::fuse(model);
+    for (const auto& notice : fused.notices) fmt::print(stderr, "afterburner: {}\n", notice);
+    trained = fused.model;
+  }
+  if (!config.checkpoint_layers.empty()) checkpoint_layers(trained, config.checkpoint_layers);
+  return trained;
+}
+
+// The user's TorchScript model (config.model names its file), loaded into `script` and checked;
+// returns the model the trainer runs: its forward fused where the graph allows (the module
+// itself, which is exported, stays as written).
+Model TrainingSession::Parts::user_model(const TrainConfig& config, const TrainingData& data,
+                                         const DataParallelism& parallel, bool channels_last) {
+  script = load_user_model(config);
+  if (parallel.replicate && has_batch_norm(*script)) {
+    throw UsageError("--nproc", config.model + " has BatchNorm layers, which would normalise each rank's batch "
+                                                "alone (SyncBatchNorm replaces only the zoo's): train it in one process");
+  }
+  Model plain(*script);
+  check_model_fits(plain, data, config.model, channels_last);
+  if (!config.fuse) return plain;
+  const kernels::ScriptFuseResult fused = kernels::fuse_forward(*script);
+  for (const auto& line : fused.fused) fmt::print(stderr, "afterburner: fused {} in {}\n", line, config.model);
+  for (const auto& notice : fused.notices) fmt::print(stderr, "afterburner: {}: {}\n", config.model, notice);
+  return Model(*script, fused.forward);
+}
 
 TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& data, const DataParallelism& parallel)
     : parts_(std::make_unique<Parts>()) {
@@ -170,30 +276,17 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   auto test_chain = data::compose({data::to_float(1.0 / 255), data::normalize(data.mean, data.std)});
 
   torch::manual_seed(config.seed);
-  p.model = models::make_model(config.model, models::ModelOptions()
-                                                 .in_channels(data.channels)
-                                                 .image_size(data.image_size)
-                                                 .batch_norm(parallel.batch_norm));
-  if (config.sketch) p.model = sketched(p.model, config);
   bool channels_last = config.channels_last && config.model != "mlp";
   auto loader_options = data::LoaderOptions()
                             .batch_size(config.batch_size)
                             .prefetch(config.prefetch)
                             .seed(config.seed)
                             .channels_last(channels_last);
-
-  // The trainer runs `trained`; `model` shares every parameter and stays exportable.
-  torch::nn::Sequential trained = p.model;
-  LossFunction loss = plain_cross_entropy();
-  if (config.fuse) {
-    auto fused = kernels::fuse(p.model);
-    for (const auto& notice : fused.notices) fmt::print(stderr, "afterburner: {}\n", notice);
-    trained = fused.model;
-    loss = kernels::cross_entropy;
-  }
-  if (!config.checkpoint_layers.empty()) checkpoint_layers(trained, config.checkpoint_layers);
-  if (channels_last) to_channels_last(*p.model);
-  std::shared_ptr<Replicas> replicas = parallel.replicate ? parallel.replicate(*trained) : nullptr;
+  LossFunction loss = config.fuse ? LossFunction(kernels::cross_entropy) : plain_cross_entropy();
+  Model trained = names_a_file(config.model) ? p.user_model(config, data, parallel, channels_last)
+                                             : p.zoo_model(config, data, parallel);
+  if (channels_last) to_channels_last(trained);
+  std::shared_ptr<Replicas> replicas = parallel.replicate ? parallel.replicate(trained) : nullptr;
   const int64_t rank = p.rank = replicas ? replicas->rank() : 0;
   data::DatasetPtr evaluation = replicas ? shard_for_rank(*replicas, config, loader_options, data.evaluation)
                                          : data.evaluation;
@@ -215,7 +308,7 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
                                       .nesterov(config.nesterov && config.momentum > 0)  // without momentum, the same step
                                       .weight_decay(config.weight_decay)
                                       .fused(config.fuse),
-                                  trained->parameters());
+                                  trained.parameters());
   const int64_t batches_per_epoch = p.train_loader->batches_per_epoch();
   LrSchedule schedule(ScheduleOptions().kind(config.schedule).warmup_steps(config.warmup_steps), config.lr,
                       total_steps(config, batches_per_epoch));
@@ -258,7 +351,13 @@ const TrainConfig& TrainingSession::config() const { return parts_->config; }
 
 int64_t TrainingSession::rank() const { return parts_->rank; }
 
-torch::nn::Sequential TrainingSession::exportable_model() const { return parts_->model; }
+void TrainingSession::export_model(const std::string& path) const {
+  if (parts_->script) {
+    infer::save_model(*parts_->script, path);
+  } else {
+    models::export_torchscript(parts_->model, path);
+  }
+}
 
 TrainReport TrainingSession::fit() {
   auto& p = *parts_;
@@ -272,7 +371,7 @@ TrainReport TrainingSession::fit() {
   report.batch_size = p.config.batch_size;
   report.threads = at::get_num_threads();
   report.workers = p.workers;
-  for (const auto& parameter : p.model->parameters()) report.trainable_parameters += parameter.numel();
+  for (const auto& parameter : p.trainer->model().parameters()) report.trainable_parameters += parameter.numel();
   return report;
 }
 

@@ -19,7 +19,7 @@ LossFunction plain_cross_entropy() {
   };
 }
 
-Trainer::Trainer(torch::nn::Sequential model, std::unique_ptr<torch::optim::Optimizer> optimizer,
+Trainer::Trainer(Model model, std::unique_ptr<torch::optim::Optimizer> optimizer,
                  LrSchedule schedule, data::Loader& train, data::Loader& test, TrainerOptions options)
     : model_(std::move(model)),
       optimizer_(std::move(optimizer)),
@@ -34,7 +34,7 @@ Trainer::Trainer(torch::nn::Sequential model, std::unique_ptr<torch::optim::Opti
   }
   if (options_.accumulate() < 1) throw UsageError("accumulate", "must be at least 1");
   check_precision_supported(options_.precision(), options_.device());
-  model_->to(options_.device());
+  model_.to(options_.device());
   if (options_.precision() == Precision::fp16 && !options_.scaler().enabled()) {
     // fp16 gradients underflow without loss scaling.
     scaler_ = GradScaler(options_.scaler().enabled(true));
@@ -45,7 +45,7 @@ void Trainer::add_callback(CallbackPtr callback) { callbacks_.push_back(std::mov
 
 void Trainer::resume() {
   state_ = load_checkpoint(options_.checkpoint_path(),
-                           {options_.model_name(), *model_, *optimizer_, scaler_, {}});
+                           {options_.model_name(), model_, *optimizer_, scaler_, {}});
   if (state_.world_size != world_size_) {
     throw CheckpointError(options_.checkpoint_path(),
                           fmt::format("was written by a run of {} rank(s) and this run has {}: their data orders "
@@ -62,7 +62,7 @@ void Trainer::save() {
   TrainState state = state_;
   state.train_seconds = train_seconds();
   state.world_size = world_size_;
-  save_checkpoint(options_.checkpoint_path(), {options_.model_name(), *model_, *optimizer_, scaler_, state});
+  save_checkpoint(options_.checkpoint_path(), {options_.model_name(), model_, *optimizer_, scaler_, state});
 }
 
 double Trainer::forward_backward(const data::Batch& batch, bool last_of_step) {
@@ -74,7 +74,7 @@ double Trainer::forward_backward(const data::Batch& batch, bool last_of_step) {
   torch::Tensor loss;
   {
     AutocastGuard autocast(options_.precision(), options_.device());
-    auto logits = model_->forward(batch.input);
+    auto logits = model_.forward(batch.input);
     loss = options_.loss()(logits, batch.target);
   }
   double value = loss.item<double>();
@@ -91,7 +91,7 @@ void Trainer::discard_gradients() {
   if (auto* flat = dynamic_cast<kernels::FlatOptimizer*>(optimizer_.get())) {
     flat->zero_grad();
   } else {
-    model_->zero_grad(/*set_to_none=*/true);
+    model_.zero_grad();
   }
 }
 
@@ -105,10 +105,10 @@ bool Trainer::optimizer_step(std::optional<double> lr) {
   if (options_.clip_grad_norm() > 0 || options_.clip_grad_value() > 0) {
     scaler_.unscale(*optimizer_);  // clip the true gradients, not the scaled ones
     if (options_.clip_grad_value() > 0) {
-      torch::nn::utils::clip_grad_value_(model_->parameters(), options_.clip_grad_value());
+      torch::nn::utils::clip_grad_value_(model_.parameters(), options_.clip_grad_value());
     }
     if (options_.clip_grad_norm() > 0) {
-      torch::nn::utils::clip_grad_norm_(model_->parameters(), options_.clip_grad_norm());
+      torch::nn::utils::clip_grad_norm_(model_.parameters(), options_.clip_grad_norm());
     }
   }
   bool stepped = scaler_.step(*optimizer_);
@@ -136,20 +136,20 @@ StepInfo Trainer::step_info(int64_t epoch, int64_t samples, double loss) const {
 EvalResult Trainer::evaluate() {
   release_freed_memory();  // the training steps' cached blocks would stack under evaluation's
   torch::InferenceMode inference;
-  model_->eval();
+  model_.train(false);
   EvalResult result;
   int64_t correct = 0;
   double loss_sum = 0;
   for (auto& batch : data::Prefetcher(test_.epoch(0), options_.device())) {
     AutocastGuard autocast(options_.precision(), options_.device());
-    auto logits = model_->forward(batch.input).to(torch::kFloat);
+    auto logits = model_.forward(batch.input).to(torch::kFloat);
     loss_sum += torch::nn::functional::cross_entropy(
                     logits, batch.target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
                     .item<double>();
     correct += logits.argmax(1).eq(batch.target).sum().item<int64_t>();
     result.samples += batch.target.size(0);
   }
-  model_->train();
+  model_.train();
   if (options_.replicas()) {  // each rank evaluated its part of the evaluation set
     auto totals = torch::tensor({double(correct), loss_sum, double(result.samples)}, torch::kDouble);
     options_.replicas()->sum(totals);
@@ -295,7 +295,7 @@ bool Trainer::run_epoch(TrainReport& report) {
 TrainReport Trainer::fit() {
   TrainReport report;
   report.precision = to_string(options_.precision());
-  model_->train();
+  model_.train();
   discard_gradients();
   if (state_.seconds_to_target >= 0 && options_.target_accuracy() > 0) {
     report.train_seconds_to_target = state_.seconds_to_target;  // reached before the resume

@@ -1,6 +1,8 @@
 // Errors are one line whatever they quote: control characters are escaped, the rest kept.
 #include <gtest/gtest.h>
 
+#include <torch/script.h>
+
 #include "afterburner/core/error.h"
 
 namespace afterburner {
@@ -15,6 +17,25 @@ TEST(Error, QuotedControlCharactersAreEscapedOntoOneLine) {
 
 TEST(Error, TabsAndUtf8AreKept) {
   EXPECT_STREQ(Error("col\tumn: données é").what(), "col\tumn: données é");
+}
+
+// LibTorch's messages lose their C++ backtrace; the TorchScript interpreter's, its traceback of
+// TorchScript code, keeping the failing op's own error.
+TEST(Error, FirstLineOfALibTorchErrorSaysWhatWentWrong) {
+  try {
+    torch::zeros({2, 3}).mm(torch::zeros({4, 5}));
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(first_line(e), "mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)");
+  }
+  torch::jit::Module module("M");
+  module.define("def forward(self, x):\n  return x.mm(x)\n");
+  try {
+    module.forward({torch::zeros({2, 3})});
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(first_line(e), "RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x3 and 2x3)");
+  }
 }
 
 }  // namespace

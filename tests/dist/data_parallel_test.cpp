@@ -47,7 +47,7 @@ std::vector<torch::Tensor> train(const data::Shard& shard, const TrainingRun& ru
   torch::manual_seed(shard.rank() + 1);  // different starts: DataParallel must broadcast rank 0's
   auto model = models::make_model("mlp", models::ModelOptions().image_size(8).num_classes(run.classes));
   std::unique_ptr<DataParallel> parallel;
-  if (group) parallel = std::make_unique<DataParallel>(*model, *group);
+  if (group) parallel = std::make_unique<DataParallel>(model, *group);
   auto sgd = train::make_optimizer(train::OptimizerOptions().lr(0.1).momentum(0).weight_decay(0).fused(run.flat),
                                    model->parameters());
   const int64_t micro_batch = kBatch / shard.count() / run.accumulate;

@@ -22,7 +22,7 @@ struct Run {
       make_optimizer(OptimizerOptions().fused(true), model->parameters());
   GradScaler scaler;
 
-  CheckpointTarget target() { return {"tiny", *model, *optimizer, scaler, {}}; }
+  CheckpointTarget target() { return {"tiny", model, *optimizer, scaler, {}}; }
 };
 
 void write_seed(const std::string& path) {

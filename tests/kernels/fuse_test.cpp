@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include "afterburner/kernels/fuse.h"
@@ -98,6 +99,56 @@ TEST(Fuse, OptionsTurnEachRewriteOff) {
   EXPECT_EQ(result.fused.size(), 2u);
   result = fuse(cnn(), FuseOptions().linear_relu(false).relu_max_pool(false).conv_relu(false));
   EXPECT_TRUE(result.fused.empty());
+}
+
+// A module as Python scripts it: its own forward calling a submodule's, functional ops, and a
+// linear whose output is also read elsewhere (so its relu stays).
+torch::jit::Module scripted_net() {
+  torch::manual_seed(4);
+  torch::jit::Module act("Act");
+  act.define("def forward(self, x):\n  return torch.relu(x)\n");
+  torch::jit::Module net("Net");
+  const std::vector<std::pair<const char*, std::vector<int64_t>>> shapes{
+      {"w1", {4, 1, 3, 3}}, {"b1", {4}}, {"w2", {6, 4, 3, 3}}, {"b2", {6}}, {"w3", {10, 54}},
+      {"b3", {10}},         {"w4", {5, 10}}, {"b4", {5}}, {"w5", {3, 5}}};
+  for (const auto& [name, shape] : shapes) {
+    net.register_parameter(name, (torch::randn(shape) * 0.3).requires_grad_(), /*is_buffer=*/false);
+  }
+  net.register_module("act", act);
+  net.define(R"(
+def forward(self, x):
+    x = torch.relu(torch.conv2d(x, self.w1, self.b1, [1, 1], [1, 1], [1, 1], 1))
+    x = torch.conv2d(x, self.w2, self.b2, [1, 1], [1, 1], [1, 1], 1)
+    x = torch.max_pool2d(torch.relu(x), [2, 2], [2, 2], [0, 0], [1, 1], False)
+    x = self.act.forward(torch.linear(torch.flatten(x, 1), self.w3, self.b3))
+    h = torch.linear(x, self.w4, self.b4)
+    return torch.linear(torch.relu(h), self.w5, None) + h.sum()
+)");
+  return net;
+}
+
+TEST(FuseScript, PatternsAcrossSubmodulesAreFusedAndTheModuleIsLeftAsItWas) {
+  torch::jit::Module net = scripted_net();
+  const auto result = fuse_forward(net);
+  EXPECT_EQ(result.fused, (std::vector<std::string>{"1 x relu + max_pool2d", "1 x conv2d + relu", "1 x linear + relu"}));
+  ASSERT_EQ(result.notices.size(), 1u);
+  EXPECT_EQ(result.notices[0].substr(0, 28), "1 relu(s) left unfused: not ");
+  const auto original = net.get_method("forward").graph()->toString();
+  EXPECT_EQ(original.find("afterburner::"), std::string::npos) << "the module's own forward was rewritten";
+
+  const torch::Tensor x = torch::randn({3, 1, 6, 6});
+  std::vector<torch::Tensor> parameters;
+  for (const auto& p : net.parameters()) parameters.push_back(p);
+  for (int call = 0; call < 2; ++call) {
+    const torch::Tensor expected = net.forward({x}).toTensor();
+    const torch::Tensor fused = (*result.forward)({net._ivalue(), x}).toTensor();
+    EXPECT_TRUE(torch::allclose(fused, expected, 1e-5, 1e-5)) << "call " << call;
+    const auto expected_grads = torch::autograd::grad({expected.sum()}, parameters);
+    const auto grads = torch::autograd::grad({fused.sum()}, parameters);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(grads[i], expected_grads[i], 1e-4, 1e-5)) << "parameter " << i << ", call " << call;
+    }
+  }
 }
 
 }  // namespace afterburner::kernels

@@ -161,10 +161,10 @@ def test_fuse_keeps_a_users_model_exact(batch):
 def test_fuse_says_what_it_leaves_unfused():
     model = torch.nn.Sequential(
         torch.nn.Conv2d(1, 4, 3, padding=1, padding_mode="reflect"), torch.nn.ReLU(),
-        torch.nn.ReLU(), torch.nn.MaxPool2d((2, 3)),
+        torch.nn.ReLU(), torch.nn.MaxPool2d(2, return_indices=True),
         torch.nn.Linear(4, 4), torch.nn.Tanh())
     report = abnn.fuse(model)
     assert report.fused == []
     assert report.notices == ["0-1: Conv2d + ReLU left unfused: padding_mode 'reflect' (only zeros)",
-                              "2-3: ReLU + MaxPool2d left unfused: kernel_size (2, 3) is not square"]
+                              "2-3: ReLU + MaxPool2d left unfused: return_indices=True"]
     assert type(model[0]) is torch.nn.Conv2d and type(model[3]) is torch.nn.MaxPool2d

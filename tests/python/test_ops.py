@@ -13,7 +13,7 @@ from afterburner.nn import functional as abf
 DOUBLE = dict(dtype=torch.double)
 
 
-def reference_relu_max_pool2d(x, kernel_size=2, stride=None, padding=0, dilation=1, ceil_mode=False):
+def reference_relu_max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
     return F.max_pool2d(F.relu(x), kernel_size, stride, padding, dilation, ceil_mode)
 
 
@@ -29,11 +29,15 @@ def reference_low_rank_linear(x, a, b, bias=None, scale=1.0):
 # (fused function, its unfused reference, a function of a batch size making the arguments; the
 # tensors among them in double, those to differentiate marked requires_grad)
 def relu_max_pool_case(n):
-    return (torch.randn(n, 3, 7, 9, **DOUBLE, requires_grad=True),), {}
+    return (torch.randn(n, 3, 7, 9, **DOUBLE, requires_grad=True), 2), {}
 
 
 def relu_max_pool_stride_case(n):
     return (torch.randn(n, 2, 11, 10, **DOUBLE, requires_grad=True), 3, 2), dict(padding=1)
+
+
+def relu_max_pool_rectangular_case(n):  # max_pool2d's own arguments: runs as relu then max_pool2d
+    return (torch.randn(n, 2, 9, 10, **DOUBLE, requires_grad=True), (2, 3)), dict(stride=(1, 2), ceil_mode=True)
 
 
 def linear_relu_case(n):
@@ -69,6 +73,7 @@ def low_rank_linear_case(n):
 CASES = {
     "relu_max_pool2d": (abf.relu_max_pool2d, reference_relu_max_pool2d, relu_max_pool_case),
     "relu_max_pool2d_k3_s2_pad1": (abf.relu_max_pool2d, reference_relu_max_pool2d, relu_max_pool_stride_case),
+    "relu_max_pool2d_rectangular": (abf.relu_max_pool2d, reference_relu_max_pool2d, relu_max_pool_rectangular_case),
     "linear_relu": (abf.linear_relu, lambda x, w, b: F.relu(F.linear(x, w, b)), linear_relu_case),
     "linear_relu_no_bias_3d": (abf.linear_relu, lambda x, w, b: F.relu(F.linear(x, w, b)),
                                linear_relu_no_bias_3d_case),

@@ -31,7 +31,7 @@ struct TrainingRun {
     model->forward(torch::randn({4, 1, 28, 28})).sum().backward();
     optimizer->step();
   }
-  CheckpointTarget target(TrainState state = {}) { return {name, *model, *optimizer, scaler, state}; }
+  CheckpointTarget target(TrainState state = {}) { return {name, model, *optimizer, scaler, state}; }
 };
 
 std::string error_of(const std::function<void()>& action) {

@@ -11,19 +11,11 @@
 #include "afterburner/data/loader.h"
 #include "afterburner/models/zoo.h"
 #include "afterburner/train/trainer.h"
+#include "quadrants.h"
 #include "testing.h"
 
 namespace afterburner::train {
 namespace {
-
-// A small learnable problem: 8x8 single-channel "images" whose class is decided by which of
-// four quadrants is brightest.
-data::DatasetPtr quadrant_dataset(int64_t n, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto images = torch::rand({n, 1, 8, 8}, gen);
-  auto quadrants = images.reshape({n, 2, 4, 2, 4}).sum({2, 4}).reshape({n, 4});
-  return std::make_shared<data::TensorDataset>(images, quadrants.argmax(1));
-}
 
 struct Harness {
   data::Loader train, test;

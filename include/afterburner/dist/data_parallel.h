@@ -4,7 +4,7 @@
 // parameters; parameters and buffers start as rank 0's.
 //
 //   auto group = afterburner::dist::join_group(options);
-//   afterburner::dist::DataParallel parallel(*model, group);     // broadcasts rank 0's weights
+//   afterburner::dist::DataParallel parallel(model, group);      // broadcasts rank 0's weights
 //   for (auto& batch : loader.epoch(epoch)) {                   // this rank's shard
 //     parallel.before_forward(/*synchronised=*/true);           // false for no_sync micro-batches
 //     auto loss = loss_fn(model->forward(batch.input), batch.target);
@@ -36,7 +36,8 @@ class DataParallel : public train::Replicas {
  public:
   // Checks that every rank has the same parameters (count, shapes, dtypes) and broadcasts rank 0's
   // parameters and buffers; DistError naming the difference otherwise.
-  DataParallel(torch::nn::Module& model, const Group& group, const DataParallelOptions& options = DataParallelOptions());
+  // `model`: a module holder or a TorchScript module (train::Model).
+  DataParallel(const train::Model& model, const Group& group, const DataParallelOptions& options = DataParallelOptions());
   ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;

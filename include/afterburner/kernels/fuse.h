@@ -1,5 +1,6 @@
 // Rewrites a Sequential model onto afterburner's fused training ops, keeping every parameter
-// (the same tensors, under the same names) so checkpoints and exports work with either form.
+// (the same tensors, under the same names) so checkpoints and exports work with either form;
+// fuse_forward does the same for a TorchScript module's forward.
 //
 //   auto model = afterburner::models::make_model("cnn");
 //   auto fused = afterburner::kernels::fuse(model);
@@ -8,8 +9,10 @@
 #pragma once
 
 #include <torch/arg.h>
+#include <torch/csrc/jit/api/module.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,5 +36,22 @@ struct FuseResult {
 // Identity), so parameter names stay those of the input model. Only the top level is
 // rewritten: layers inside other modules (a residual block's convolutions) stay as they are.
 FuseResult fuse(const torch::nn::Sequential& model, const FuseOptions& options = {});
+
+// TorchScript modules (a model written in Python, scripted or traced) get the same fusions in
+// a new forward that runs on the module, which itself stays as it was (so its export is plain
+// TorchScript that Python loads without afterburner):
+//
+//   auto fused = afterburner::kernels::fuse_forward(script);
+//   torch::Tensor logits = (*fused.forward)({script._ivalue(), images}).toTensor();
+struct ScriptFuseResult {
+  std::shared_ptr<torch::jit::Function> forward;  // takes (module, input) as the module's forward does
+  std::vector<std::string> fused;                  // e.g. "2 x relu + max_pool2d"
+  std::vector<std::string> notices;                // what stayed unfused
+};
+
+// forward's graph with the submodules' forwards inlined and relu then max_pool2d, conv2d then
+// relu (unless that relu goes to a max_pool2d) and linear then relu rewritten onto afterburner's
+// ops. Parameters stay the module's: training through the result trains the module.
+ScriptFuseResult fuse_forward(const torch::jit::Module& module);
 
 }  // namespace afterburner::kernels

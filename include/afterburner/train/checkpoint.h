@@ -8,12 +8,12 @@
 //   TrainState resumed = load_checkpoint("runs/ckpt.pt", {"cnn", model, *optimizer, scaler, {}});
 #pragma once
 
-#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
 #include <string>
 
+#include "afterburner/train/model.h"
 #include "afterburner/train/precision.h"
 
 namespace afterburner::train {
@@ -32,7 +32,7 @@ struct TrainState {
 // What a checkpoint holds besides the state; `model_name` guards against resuming another model.
 struct CheckpointTarget {
   std::string model_name;
-  torch::nn::Module& model;
+  Model model;  // shares the model: its tensors are written, or overwritten in place
   torch::optim::Optimizer& optimizer;
   GradScaler& scaler;
   TrainState state;

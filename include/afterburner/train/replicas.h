@@ -2,13 +2,12 @@
 // shard, and these calls keep the ranks in step. dist::DataParallel implements them on c10d;
 // the trainer knows no transport.
 //
-//   TrainingSession session(config, data, {/*batch_norm=*/sync_batch_norm_factory, [&](torch::nn::Module& model) {
+//   TrainingSession session(config, data, {/*batch_norm=*/sync_batch_norm_factory, [&](const train::Model& model) {
 //     return std::make_shared<afterburner::dist::DataParallel>(model, group);
 //   }});
 //   session.fit();   // shards the data by rank, averages gradients, sums losses and evaluations
 #pragma once
 
-#include <torch/nn/module.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -16,6 +15,7 @@
 #include <memory>
 
 #include "afterburner/models/residual.h"
+#include "afterburner/train/model.h"
 #include "afterburner/train/report.h"
 
 namespace afterburner::train {
@@ -36,7 +36,7 @@ class Replicas {
 };
 
 // Wraps the model the session builds (after it is built, before training starts).
-using Replicate = std::function<std::shared_ptr<Replicas>(torch::nn::Module& model)>;
+using Replicate = std::function<std::shared_ptr<Replicas>(const Model& model)>;
 
 // How a session trains as one rank of many: the batch normalisation its model is built with
 // (over all ranks' batches), and the wrapper of the built model.

@@ -13,8 +13,6 @@
 #include <string>
 #include <vector>
 
-#include <torch/nn/modules/container/sequential.h>
-
 #include "afterburner/data/dataset.h"
 #include "afterburner/train/callbacks.h"
 #include "afterburner/train/config.h"
@@ -70,7 +68,9 @@ class TrainingSession {
 
   const TrainConfig& config() const;
   int64_t rank() const;  // 0 without replicas
-  torch::nn::Sequential exportable_model() const;  // the model as built, sharing the trained parameters
+  // Writes the trained model as TorchScript (torch.jit.load runs it): a zoo model as built (not
+  // fused), or the user's TorchScript model. Throws Error naming the path.
+  void export_model(const std::string& path) const;
 
  private:
   struct Parts;

@@ -7,12 +7,11 @@
 //   TrainReport report = trainer.fit();
 //
 //   double loss = trainer.forward_backward(batch);   // or one step at a time
-//   inspect(trainer.model()->parameters());          // the gradients of this step
+//   inspect(trainer.model().parameters());           // the gradients of this step
 //   trainer.optimizer_step();
 #pragma once
 
 #include <torch/arg.h>
-#include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/optimizer.h>
 
 #include <functional>
@@ -26,6 +25,7 @@
 #include "afterburner/profile/step_timer.h"
 #include "afterburner/train/callbacks.h"
 #include "afterburner/train/checkpoint.h"
+#include "afterburner/train/model.h"
 #include "afterburner/train/optim.h"
 #include "afterburner/train/precision.h"
 #include "afterburner/train/replicas.h"
@@ -61,7 +61,8 @@ struct TrainerOptions {
 
 class Trainer {
  public:
-  Trainer(torch::nn::Sequential model, std::unique_ptr<torch::optim::Optimizer> optimizer,
+  // `model`: any module holder with forward(Tensor) -> Tensor, or a TorchScript module (model.h).
+  Trainer(Model model, std::unique_ptr<torch::optim::Optimizer> optimizer,
           LrSchedule schedule, data::Loader& train, data::Loader& test, TrainerOptions options);
 
   void add_callback(CallbackPtr callback);
@@ -83,7 +84,7 @@ class Trainer {
   bool optimizer_step(std::optional<double> lr = std::nullopt);
 
   const TrainState& state() const { return state_; }
-  torch::nn::Sequential& model() { return model_; }
+  Model& model() { return model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const TrainerOptions& options() const { return options_; }
 
@@ -106,7 +107,7 @@ class Trainer {
   double train_seconds() const;
   StepInfo step_info(int64_t epoch, int64_t samples, double loss) const;
 
-  torch::nn::Sequential model_;
+  Model model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LrSchedule schedule_;
   data::Loader& train_;

@@ -55,24 +55,17 @@ class SKLinear(torch.nn.Module):
                 f"low_rank={self.low_rank}, bias={self.bias is not None}")
 
 
-class ReluMaxPool2d(torch.nn.Module):
-    """MaxPool2d(kernel_size, stride) after ReLU, fused; square windows."""
+class ReluMaxPool2d(torch.nn.MaxPool2d):
+    """ReLU followed by torch.nn.MaxPool2d (its arguments), fused; return_indices is not supported."""
 
-    def __init__(self, kernel_size: int = 2, stride=None, padding: int = 0, dilation: int = 1,
-                 ceil_mode: bool = False):
-        super().__init__()
-        self.kernel_size = kernel_size
-        self.stride = stride if stride is not None else kernel_size
-        self.padding = padding
-        self.dilation = dilation
-        self.ceil_mode = ceil_mode
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.return_indices:
+            raise ValueError("ReluMaxPool2d: return_indices=True is not supported")
 
     def forward(self, input: Tensor) -> Tensor:
         return functional.relu_max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation,
                                           self.ceil_mode)
-
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
 class LinearReLU(torch.nn.Linear):
@@ -137,12 +130,11 @@ def _fuse_sequential(name: str, sequence: torch.nn.Sequential, report: FuseRepor
 
 def _fused_pair(first, second, following, where: str, report: FuseReport):
     if type(first) is torch.nn.ReLU and type(second) is torch.nn.MaxPool2d:
-        reason = _pool_unsupported(second)
-        if reason:
-            report.notices.append(f"{where}: ReLU + MaxPool2d left unfused: {reason}")
+        if second.return_indices:
+            report.notices.append(f"{where}: ReLU + MaxPool2d left unfused: return_indices=True")
             return None
-        pool = ReluMaxPool2d(_single(second.kernel_size), _single(second.stride), _single(second.padding),
-                             _single(second.dilation), second.ceil_mode)
+        pool = ReluMaxPool2d(second.kernel_size, second.stride, second.padding, second.dilation,
+                             ceil_mode=second.ceil_mode)
         return torch.nn.Identity(), pool
     if type(second) is not torch.nn.ReLU:
         return None
@@ -150,7 +142,7 @@ def _fused_pair(first, second, following, where: str, report: FuseReport):
         fused = LinearReLU(first.in_features, first.out_features, first.bias is not None, device="meta")
         return _sharing_parameters(fused, first), torch.nn.Identity()
     if type(first) is torch.nn.Conv2d:
-        if type(following) is torch.nn.MaxPool2d and not _pool_unsupported(following):
+        if type(following) is torch.nn.MaxPool2d and not following.return_indices:
             return None  # the ReLU goes with the pooling, which applies it to a quarter of the values
         reason = _conv_unsupported(first)
         if reason:
@@ -168,21 +160,6 @@ def _sharing_parameters(fused: torch.nn.Module, layer: torch.nn.Module) -> torch
         setattr(fused, name, parameter)
     fused.train(layer.training)
     return fused
-
-
-def _single(value):
-    if isinstance(value, int):
-        return value
-    return value[0] if value[0] == value[1] else None
-
-
-def _pool_unsupported(pool: torch.nn.MaxPool2d) -> str:
-    if pool.return_indices:
-        return "return_indices=True"
-    for field in ("kernel_size", "stride", "padding", "dilation"):
-        if _single(getattr(pool, field)) is None:
-            return f"{field} {getattr(pool, field)} is not square"
-    return ""
 
 
 def _conv_unsupported(conv: torch.nn.Conv2d) -> str:

@@ -12,9 +12,13 @@ from torch._jit_internal import BroadcastingList2
 __all__ = ["relu_max_pool2d", "linear_relu", "conv2d_relu", "cross_entropy", "low_rank_linear"]
 
 
-def relu_max_pool2d(input: Tensor, kernel_size: int = 2, stride: Optional[int] = None, padding: int = 0,
-                    dilation: int = 1, ceil_mode: bool = False) -> Tensor:
-    """max_pool2d(relu(input)) for square windows, in one pass keeping a byte per output for backward."""
+def relu_max_pool2d(input: Tensor, kernel_size: BroadcastingList2[int], stride: Optional[BroadcastingList2[int]] = None,
+                    padding: BroadcastingList2[int] = 0, dilation: BroadcastingList2[int] = 1,
+                    ceil_mode: bool = False) -> Tensor:
+    """max_pool2d(relu(input)) with max_pool2d's arguments; square windows run in one pass keeping a
+    byte per output for backward, others as relu then max_pool2d."""
+    if stride is None:
+        stride = torch.jit.annotate(List[int], [])
     return torch.ops.afterburner.relu_max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode)
 
 

@@ -1,0 +1,80 @@
+"""afterburner's threaded loader for tensors or numpy arrays held in memory.
+
+    from afterburner import data
+    images, labels = data.load_mnist("/usr/share/datasets/fashion-mnist", "train")  # uint8, int64
+    loader = data.Loader(images, labels, batch_size=128, shuffle=True, workers=2,
+                         scale=1 / 255, mean=[0.2860], std=[0.3530], random_crop=2)
+    for epoch in range(3):
+        for x, y in loader:          # float32 [128, 1, 28, 28], int64 [128]; a new order each epoch
+            ...
+
+Worker threads in C++ gather each batch with one vectorized index_select and run the image
+transforms as one fused pass over the batch (uint8 -> scale -> normalize -> random crop ->
+horizontal flip), while Python trains on the batch before: no worker processes, no per-sample
+Python, no copy of a batch on its way out. The order of an epoch is a function of (seed, epoch)
+alone and each batch's random transforms of (seed, epoch, batch), so every worker count yields
+the same batches. Iterating again starts the next epoch (set_epoch chooses one).
+"""
+from typing import Optional, Sequence
+
+import numpy
+import torch
+
+__all__ = ["Loader", "load_mnist", "read_idx"]
+
+
+def _tensor(array, name):
+    if isinstance(array, numpy.ndarray):
+        return torch.from_numpy(array)  # shares the array's memory
+    if isinstance(array, torch.Tensor):
+        return array
+    raise TypeError(f"{name}: expected a torch.Tensor or numpy.ndarray, got {type(array).__name__}")
+
+
+class Loader:
+    """Batches of (inputs, targets) from two tensors or arrays with the same first dimension.
+
+    inputs: [N, ...] of any dtype (the image transforms take uint8 or float [N, C, H, W]);
+    targets: [N] of an integer type, yielded as int64. Without scale, mean, random_crop and
+    horizontal_flip the inputs come out as stored; with any of them, as float32.
+    """
+
+    def __init__(self, inputs, targets, batch_size: int = 128, shuffle: bool = True, drop_last: bool = True,
+                 workers: int = 2, prefetch: int = 4, seed: int = 0, channels_last: bool = False,
+                 scale: Optional[float] = None, mean: Optional[Sequence[float]] = None,
+                 std: Optional[Sequence[float]] = None, random_crop: int = 0, horizontal_flip: float = 0.0):
+        if (mean is None) != (std is None):
+            raise ValueError("Loader: give mean and std together")
+        transform = scale is not None or mean is not None or random_crop > 0 or horizontal_flip > 0
+        self._loader = torch.classes.afterburner.Loader(
+            _tensor(inputs, "inputs"), _tensor(targets, "targets"), batch_size, shuffle, drop_last, workers, prefetch,
+            seed, channels_last, transform, 1.0 if scale is None else float(scale), [float(m) for m in mean or []],
+            [float(s) for s in std or []], random_crop, float(horizontal_flip))
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return self._loader.batches_per_epoch()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration runs (later iterations count on from it)."""
+        self.epoch = epoch
+
+    def __iter__(self):
+        self._loader.start_epoch(self.epoch)
+        self.epoch += 1
+        while True:
+            batch = self._loader.next()
+            if not batch:
+                return
+            yield batch[0], batch[1]
+
+
+def read_idx(path: str) -> torch.Tensor:
+    """An IDX file (raw or .gz) as a tensor of its own element type and shape."""
+    return torch.ops.afterburner.read_idx(str(path))
+
+
+def load_mnist(directory: str, split: str = "train"):
+    """(images uint8 [N, 1, 28, 28], labels int64 [N]) of an MNIST-layout directory; split
+    'train' or 'test' (the t10k files)."""
+    return torch.ops.afterburner.load_mnist(str(directory), split)

@@ -1,0 +1,92 @@
+#include "afterburner/train/model.h"
+
+
+#include "afterburner/core/error.h"
+
+namespace afterburner::train {
+namespace {
+
+template <typename Named>
+std::vector<std::pair<std::string, torch::Tensor>> pairs(const Named& named) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : named) out.emplace_back(item.name, item.value);
+  return out;
+}
+
+StateTree script_state(const torch::jit::Module& module) {
+  StateTree tree{pairs(module.named_parameters(/*recurse=*/false)), pairs(module.named_buffers(/*recurse=*/false)), {}};
+  for (const auto& child : module.named_children()) tree.children.emplace_back(child.name, script_state(child.value));
+  return tree;
+}
+
+// As torch::nn::Module::save walks it.
+StateTree module_state(const torch::nn::Module& module) {
+  StateTree tree;
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) tree.parameters.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_buffers(/*recurse=*/false)) tree.buffers.emplace_back(item.key(), item.value());
+  for (const auto& child : module.named_children()) {
+    if (child.value()->is_serializable()) tree.children.emplace_back(child.key(), module_state(*child.value()));
+  }
+  return tree;
+}
+
+}  // namespace
+
+Model::Model(torch::jit::Module script, std::shared_ptr<torch::jit::Function> forward)
+    : script_(std::make_shared<torch::jit::Module>(std::move(script))), script_forward_(std::move(forward)) {}
+
+torch::Tensor Model::forward(const torch::Tensor& input) const {
+  if (!script_) return forward_(input);
+  c10::IValue output = script_forward_ ? (*script_forward_)({script_->_ivalue(), input}) : script_->forward({input});
+  if (!output.isTensor()) {
+    throw UsageError("model", "its forward returns " + output.tagKind() + ", expected one Tensor of logits");
+  }
+  return output.toTensor();
+}
+
+std::vector<torch::Tensor> Model::parameters() const {
+  if (!script_) return module_->parameters();
+  std::vector<torch::Tensor> out;
+  for (const auto& parameter : script_->parameters()) out.push_back(parameter);
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Model::named_parameters() const {
+  if (script_) return pairs(script_->named_parameters());
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : module_->named_parameters()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+std::vector<torch::Tensor> Model::buffers() const {
+  if (!script_) return module_->buffers();
+  std::vector<torch::Tensor> out;
+  for (const auto& buffer : script_->buffers()) out.push_back(buffer);
+  return out;
+}
+
+StateTree Model::state() const { return script_ ? script_state(*script_) : module_state(*module_); }
+
+void Model::train(bool on) {
+  if (script_) {
+    script_->train(on);
+  } else {
+    module_->train(on);
+  }
+}
+
+bool Model::is_training() const { return script_ ? script_->is_training() : module_->is_training(); }
+
+void Model::zero_grad() {
+  for (auto& parameter : parameters()) parameter.mutable_grad().reset();
+}
+
+void Model::to(torch::Device device) {
+  if (script_) {
+    script_->to(device);
+  } else {
+    module_->to(device);
+  }
+}
+
+}  // namespace afterburner::train

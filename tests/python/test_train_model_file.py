@@ -1,0 +1,109 @@
+"""`afterburner train --model my_model.pt`: models written in Python (scripted with a custom
+forward, BatchNorm and Dropout; traced), trained in place by the C++ trainer on the real
+Fashion-MNIST, exported, read back by Python, resumed exactly, and refused in one line when they
+do not fit."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from afterburner import data
+
+BINARY = os.environ.get("AFTERBURNER_BINARY", "")
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+pytestmark = pytest.mark.skipif(not BINARY or not FASHION_MNIST.exists(),
+                                reason="needs AFTERBURNER_BINARY (set by ctest) and the dataset")
+
+
+class UserCnn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 16, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(16)
+        self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.dropout = torch.nn.Dropout(0.1)
+        self.fc = torch.nn.Linear(32 * 7 * 7, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(self.dropout(torch.flatten(x, 1)))
+
+
+def saved(module, path, trace=False):
+    torch.manual_seed(0)
+    script = torch.jit.trace(module, torch.randn(2, 1, 28, 28)) if trace else torch.jit.script(module)
+    script.save(str(path))
+    return path
+
+
+def train(*args, expect=0):
+    run = subprocess.run([BINARY, "train", "--progress", "none", "--threads", "2", "--precision", "fp32",
+                          *map(str, args)], capture_output=True, text=True, timeout=900)
+    assert run.returncode == expect, run.stderr
+    return run
+
+
+def accuracy_of(module):
+    images, labels = data.load_mnist(str(FASHION_MNIST), "test")
+    mean, std = 0.2860, 0.3530
+    with torch.no_grad():
+        logits = module((images.float() / 255 - mean) / std)
+    return (logits.argmax(1) == labels).float().mean().item()
+
+
+@pytest.mark.parametrize("trace", [False, True])
+def test_a_python_model_trains_in_place_and_exports(tmp_path, trace):
+    model = UserCnn() if not trace else torch.nn.Sequential(
+        torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+        torch.nn.Linear(16 * 14 * 14, 10))
+    source = saved(model, tmp_path / "model.pt", trace)
+    before = torch.jit.load(str(source)).state_dict()
+    train("--model", source, "--max-steps", 150, "--report", tmp_path / "report.json", "--export",
+          tmp_path / "trained.pt")
+    report = json.loads((tmp_path / "report.json").read_text())
+    trained = torch.jit.load(str(tmp_path / "trained.pt")).eval()
+    after = trained.state_dict()
+    assert list(after) == list(before)
+    assert any(not torch.equal(after[k], before[k]) for k in after), "nothing was trained"
+    assert report["test_accuracy"] > 0.7, report["test_accuracy"]
+    assert report["model"] == str(source)
+    assert abs(accuracy_of(trained) - report["test_accuracy"]) < 0.005  # Python sees the same model
+    assert report["trainable_parameters"] == sum(p.numel() for p in trained.parameters())
+
+
+def test_resume_continues_a_python_model_exactly(tmp_path):
+    source = saved(UserCnn(), tmp_path / "model.pt")
+    common = ["--model", source, "--schedule", "constant", "--no-augment", "--checkpoint-every", 10]
+    train(*common, "--max-steps", 40, "--checkpoint-dir", tmp_path / "straight", "--export", tmp_path / "straight.pt")
+    train(*common, "--max-steps", 20, "--checkpoint-dir", tmp_path / "resumed")
+    train(*common, "--max-steps", 40, "--checkpoint-dir", tmp_path / "resumed", "--resume", "--export",
+          tmp_path / "resumed.pt")
+    straight = torch.jit.load(str(tmp_path / "straight.pt")).state_dict()
+    resumed = torch.jit.load(str(tmp_path / "resumed.pt")).state_dict()
+    for name in straight:
+        assert torch.equal(straight[name], resumed[name]), name
+
+
+def test_models_that_do_not_fit_are_one_clear_line(tmp_path):
+    narrow = saved(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 5)), tmp_path / "narrow.pt")
+    run = train("--model", narrow, expect=2)
+    assert run.stderr.strip().splitlines()[-1].endswith(
+        f"--model: {narrow}: its forward returns [2, 5] for a batch [2, 1, 28, 28]; cross-entropy over the "
+        "dataset's 10 classes needs [2, 10] logits")
+    wrong_input = saved(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(100, 10)), tmp_path / "input.pt")
+    run = train("--model", wrong_input, expect=2)
+    assert run.stderr.strip().splitlines()[-1].endswith(
+        f"--model: {wrong_input}: its forward fails on a batch [2, 1, 28, 28]: RuntimeError: mat1 and mat2 shapes "
+        "cannot be multiplied (2x784 and 100x10)")
+    run = train("--model", tmp_path / "missing.pt", expect=1)
+    assert str(tmp_path / "missing.pt") in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    run = train("--model", narrow, "--sketch", expect=2)
+    assert "--sketch: sketches zoo models" in run.stderr
+    frozen = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10)).requires_grad_(False)
+    run = train("--model", saved(frozen, tmp_path / "frozen.pt"), expect=2)
+    assert "frozen.pt: none of its parameters requires grad, so there is nothing to train" in run.stderr
