@@ -59,7 +59,10 @@ class ScriptLoader : public torch::CustomClassHolder {
   // here, when it is asked for, not while the caller trains on the one before.
   std::vector<torch::Tensor> next() {
     if (!epoch_) throw UsageError("Loader", "call start_epoch before next");
-    if (handed_out_) ++*next_;
+    if (handed_out_) {
+      ++*next_;
+      handed_out_ = false;
+    }
     if (*next_ == epoch_->end()) return {};
     handed_out_ = true;
     Batch& batch = **next_;

@@ -33,6 +33,7 @@ def test_an_epoch_holds_every_sample_once_in_a_new_order_each_time(drop_last):
     loader = data.Loader(images, ids, batch_size=16, drop_last=drop_last, workers=2)
     assert len(loader) == (203 // 16 if drop_last else -(-203 // 16))
     first, second = epoch(loader), epoch(loader)
+    assert loader._loader.next() == [] and loader._loader.next() == []  # past the end, and again
     for batches in (first, second):
         seen = torch.cat([y for _, y in batches])
         assert len(seen) == (len(loader) * 16 if drop_last else 203)

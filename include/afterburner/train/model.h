@@ -11,7 +11,6 @@
 #include <torch/csrc/jit/api/module.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
-#include <torch/serialize/archive.h>
 #include <torch/types.h>
 
 #include <functional>
