@@ -74,11 +74,6 @@ int64_t evaluation_interval(const TrainConfig& config, int64_t batches_per_epoch
   return std::max<int64_t>(1, batches_per_epoch / config.accumulate / kEvaluationsPerEpoch);
 }
 
-// --model names a TorchScript file rather than a zoo model.
-bool names_a_file(const std::string& model) {
-  return model.find('/') != std::string::npos || (model.size() > 3 && model.compare(model.size() - 3, 3, ".pt") == 0);
-}
-
 // A user's TorchScript model, loaded to be trained in place, with the zoo-only options refused.
 torch::jit::Module load_user_model(const TrainConfig& config) {
   if (config.sketch) throw UsageError("--sketch", "sketches zoo models; " + config.model + " is trained as written");
@@ -184,6 +179,10 @@ data::DatasetPtr shard_for_rank(const Replicas& replicas, const TrainConfig& con
 
 }  // namespace
 
+bool is_model_file(const std::string& model) {
+  return model.find('/') != std::string::npos || (model.size() > 3 && model.compare(model.size() - 3, 3, ".pt") == 0);
+}
+
 TrainingData load_training_data(const TrainConfig& config) {
   // Labels outside the model's outputs stop the run here, naming the file, not inside the loss.
   const int64_t classes = models::ModelOptions().num_classes();
@@ -283,7 +282,7 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
                             .seed(config.seed)
                             .channels_last(channels_last);
   LossFunction loss = config.fuse ? LossFunction(kernels::cross_entropy) : plain_cross_entropy();
-  Model trained = names_a_file(config.model) ? p.user_model(config, data, parallel, channels_last)
+  Model trained = is_model_file(config.model) ? p.user_model(config, data, parallel, channels_last)
                                              : p.zoo_model(config, data, parallel);
   if (channels_last) to_channels_last(trained);
   std::shared_ptr<Replicas> replicas = parallel.replicate ? parallel.replicate(trained) : nullptr;

@@ -54,10 +54,15 @@ std::vector<Candidate> candidates(const TrainConfig& base, std::vector<std::stri
     list.push_back({"gradient accumulation",
                     {{"accumulate", std::to_string(2 * base.accumulate)}, {"batch_size", std::to_string(base.batch_size / 2)}}});
   }
-  // Memory against time: the first layer, whose activations are the largest in a CNN and which
-  // exists whatever fusion makes of the rest.
-  list.push_back({"activation checkpointing", {{"checkpoint_layers", "0"}}});
-  if (!base.sketch) list.push_back({"sketching", {{"sketch", "true"}}, /*numerics=*/true});
+  if (train::is_model_file(base.model)) {
+    notes.push_back("activation checkpointing and sketching: not run, they rewrite zoo models and " + base.model +
+                    " is trained as written");
+  } else {
+    // Memory against time: the first layer, whose activations are the largest in a CNN and which
+    // exists whatever fusion makes of the rest.
+    list.push_back({"activation checkpointing", {{"checkpoint_layers", "0"}}});
+    if (!base.sketch) list.push_back({"sketching", {{"sketch", "true"}}, /*numerics=*/true});
+  }
   notes.push_back("freed-memory policy: process-wide, so not alternated here; bench/ablation.py measures it (on by default)");
   return list;
 }

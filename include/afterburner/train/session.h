@@ -29,6 +29,10 @@ struct TrainingData {
   std::vector<double> mean, std;  // per channel, of the training images scaled to [0, 1]
 };
 
+// Whether --model names a TorchScript file to train (a path, or a name ending in .pt) rather
+// than a zoo model.
+bool is_model_file(const std::string& model);
+
 // Reads config.data and splits off config.validation_split. Throws UsageError / DataError naming
 // the file or flag.
 TrainingData load_training_data(const TrainConfig& config);
