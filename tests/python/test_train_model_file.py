@@ -76,6 +76,17 @@ def test_a_python_model_trains_in_place_and_exports(tmp_path, trace):
     assert report["trainable_parameters"] == sum(p.numel() for p in trained.parameters())
 
 
+def test_batch_size_one_trains_and_a_second_run_gives_the_same_bits(tmp_path):
+    source = saved(UserCnn(), tmp_path / "model.pt")
+    for name in ("first.pt", "second.pt"):
+        train("--model", source, "--batch-size", 1, "--max-steps", 30, "--export", tmp_path / name)
+    first = torch.jit.load(str(tmp_path / "first.pt")).state_dict()
+    second = torch.jit.load(str(tmp_path / "second.pt")).state_dict()
+    assert any(not torch.equal(first[k], v) for k, v in torch.jit.load(str(source)).state_dict().items())
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
 def test_resume_continues_a_python_model_exactly(tmp_path):
     source = saved(UserCnn(), tmp_path / "model.pt")
     common = ["--model", source, "--schedule", "constant", "--no-augment", "--checkpoint-every", 10]
@@ -104,6 +115,8 @@ def test_models_that_do_not_fit_are_one_clear_line(tmp_path):
     assert str(tmp_path / "missing.pt") in run.stderr and len(run.stderr.strip().splitlines()) == 1
     run = train("--model", narrow, "--sketch", expect=2)
     assert "--sketch: sketches zoo models" in run.stderr
+    run = train("--model", saved(UserCnn(), tmp_path / "bn.pt"), "--nproc", 2, "--max-steps", 5, expect=1)
+    assert "--nproc: " + str(tmp_path / "bn.pt") + " has BatchNorm layers" in run.stderr
     frozen = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10)).requires_grad_(False)
     run = train("--model", saved(frozen, tmp_path / "frozen.pt"), expect=2)
     assert "frozen.pt: none of its parameters requires grad, so there is nothing to train" in run.stderr
