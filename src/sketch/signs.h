@@ -25,6 +25,9 @@ inline torch::Tensor scaled_signs(std::vector<int64_t> shape, int64_t rank) {
   return (torch::randint(0, 2, shape, torch::kFloat) * 2 - 1) / std::sqrt(static_cast<double>(rank));
 }
 
+// A tensor's sizes as error messages print them: [2, 3].
+inline std::string shape(const torch::Tensor& tensor) { return c10::str(tensor.sizes()); }
+
 // Throws UsageError("<layer> <field>", ...) for the first field below `minimum`.
 inline void require_at_least(const std::string& layer, int64_t minimum,
                              std::initializer_list<std::pair<const char*, int64_t>> fields) {

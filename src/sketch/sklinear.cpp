@@ -21,7 +21,7 @@ int64_t padded_width(int64_t width) {
   return (padded - width) * 8 <= width ? padded : width;
 }
 
-std::string shape(const torch::Tensor& tensor) { return c10::str(tensor.sizes()); }
+using detail::shape;
 
 // S1s [L, d_in, k], S2s [L, k, d_out], U1s [L, k, d_out], U2s [L, d_in, k], bias [d_out] or
 // undefined, input [..., d_in]; throws UsageError naming the first tensor that does not fit.

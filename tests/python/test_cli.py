@@ -1,6 +1,6 @@
-"""A model written in Python, fused with afterburner.nn.fuse and saved by torch.jit.save, runs in
-afterburner's C++ tools: `afterburner optimize` rewrites and verifies it, `afterburner serve`
-answers requests with it, and both agree with the Python model."""
+"""A model written in Python with a sketched layer, fused with afterburner.nn.fuse and saved by
+torch.jit.save, runs in afterburner's C++ tools: `afterburner optimize` rewrites and verifies it,
+`afterburner serve` answers requests with it, and both agree with the Python model."""
 import json
 import os
 import re
@@ -29,16 +29,18 @@ def readme_config():
 
 @pytest.fixture(scope="module")
 def fused_cnn(tmp_path_factory):
-    """The cnn as a user writes it, fused, scripted and saved: (eager model, file)."""
+    """The cnn as a user writes it, its second convolution sketched, fused, scripted and saved:
+    (eager model, file)."""
     torch.manual_seed(7)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+        abnn.SKConv2d(32, 64, 3, padding=1, num_terms=1, low_rank=16), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
         torch.nn.Linear(3136, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     assert len(abnn.fuse(model).fused) == 3
     model.eval()
     scripted = torch.jit.script(model)
-    assert "afterburner::relu_max_pool2d" in str(scripted.inlined_graph)
+    graph = str(scripted.inlined_graph)
+    assert "afterburner::relu_max_pool2d" in graph and "afterburner::skconv2d" in graph
     path = tmp_path_factory.mktemp("model") / "fused_cnn.pt"
     scripted.save(str(path))
     return model, path

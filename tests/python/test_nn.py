@@ -1,4 +1,4 @@
-"""afterburner.nn against torch.nn and Panther's definition of SKLinear: values and gradients
+"""afterburner.nn against torch.nn and Panther's definitions of SKLinear and SKConv2d: values and gradients
 against double-precision references, state_dicts, TorchScript, and fuse() on models written the
 way users write them."""
 import copy
@@ -84,6 +84,104 @@ def test_sklinear_rejects_bad_shapes_in_one_line():
         layer(torch.randn(3, 21))
     with pytest.raises(RuntimeError, match="SKLinear terms: must be at least 1"):
         abnn.SKLinear(20, 10, num_terms=0, low_rank=2)
+
+
+def skconv2d_reference(x, S1s, U1s, bias, stride, padding):
+    """Panther's SKConv2d forward as its tests state it, in double: term i is a convolution with
+    the kernel sum_kappa U1s[i, kappa, o] S1s[i k + kappa]; the layer is the mean of the 2L terms."""
+    terms, rank, _ = U1s.shape
+    S = S1s.double().reshape(terms, rank, *S1s.shape[1:])
+    kernels = torch.einsum("ikchw,iko->iochw", S, U1s.double())
+    y = sum(F.conv2d(x.double(), kernels[i], None, stride, padding) for i in range(terms)) / terms
+    return y if bias is None else y + bias.double().view(1, -1, 1, 1)
+
+
+# Panther's own test shapes (tests/test_skconv2d.py), then a larger batch in channels_last
+# without bias. (batch, in, out, height, width, kernel, stride, padding, rank, terms)
+SKCONV2D_SHAPES = [
+    (1, 1, 4, 10, 10, (3, 3), (1, 1), (1, 1), 2, 3, True, torch.contiguous_format),
+    (2, 3, 8, 20, 20, (5, 5), (2, 2), (2, 2), 4, 5, True, torch.contiguous_format),
+    (1, 1, 8, 10, 20, (3, 3), (1, 1), (1, 1), 2, 5, True, torch.contiguous_format),
+    (2, 3, 4, 20, 10, (5, 5), (2, 2), (1, 1), 4, 3, True, torch.contiguous_format),
+    (1, 3, 4, 10, 10, (3, 3), (1, 1), (2, 2), 2, 3, True, torch.contiguous_format),
+    (64, 16, 32, 9, 11, (3, 2), (1, 2), (1, 0), 4, 1, False, torch.channels_last),
+]
+
+
+@pytest.mark.parametrize("batch,in_ch,out_ch,height,width,kernel,stride,padding,rank,terms,bias,memory_format",
+                         SKCONV2D_SHAPES)
+def test_skconv2d_matches_panthers_definition(batch, in_ch, out_ch, height, width, kernel, stride, padding, rank,
+                                              terms, bias, memory_format):
+    layer = abnn.SKConv2d(in_ch, out_ch, kernel, stride, padding, bias=bias, num_terms=terms, low_rank=rank)
+    assert layer.S1s.shape == (2 * terms * rank, in_ch, *kernel) and layer.U1s.shape == (2 * terms, rank, out_ch)
+    expected_keys = {"S1s", "U1s"} | ({"bias"} if bias else set())
+    assert set(layer.state_dict()) == expected_keys
+    assert {name for name, _ in layer.named_parameters()} == expected_keys - {"U1s"}
+    x = torch.randn(batch, in_ch, height, width).to(memory_format=memory_format).requires_grad_()
+    x_before = x.detach().clone()
+    params = [x] + list(layer.parameters())
+    expected = skconv2d_reference(x, layer.S1s, layer.U1s, layer.bias, stride, padding)
+    grad_out = torch.randn(expected.shape, dtype=torch.double)
+    expected_grads = torch.autograd.grad(expected, params, grad_out)
+    for _ in range(2):
+        y = layer(x)
+        assert y.shape == expected.shape and y.dtype == torch.float32
+        torch.testing.assert_close(y.double(), expected, rtol=1e-4, atol=1e-4)
+        for got, want in zip(torch.autograd.grad(y, params, grad_out.float()), expected_grads):
+            torch.testing.assert_close(got.double(), want.double(), rtol=1e-4, atol=1e-3)
+    assert torch.equal(x.detach(), x_before) and not layer.U1s.requires_grad
+
+
+def test_skconv2d_gradients_pass_gradcheck_in_double():
+    x = torch.randn(2, 3, 7, 6, dtype=torch.double, requires_grad=True)
+    S1s = torch.randn(12, 3, 3, 2, dtype=torch.double, requires_grad=True)
+    U1s = torch.randn(4, 3, 5, dtype=torch.double)
+    bias = torch.randn(5, dtype=torch.double, requires_grad=True)
+    op = torch.ops.afterburner.skconv2d
+    assert torch.autograd.gradcheck(lambda x, S1s, bias: op(x, S1s, U1s, bias, [2, 1], [1, 0]), (x, S1s, bias))
+
+
+def test_skconv2d_from_a_conv2d_builds_S1s_as_panther_does():
+    conv = torch.nn.Conv2d(3, 16, 5, stride=2, padding="valid")
+    layer = abnn.SKConv2d.fromTorch(conv, num_terms=2, low_rank=3)
+    assert (layer.stride, layer.padding, layer.kernel_size) == ((2, 2), (0, 0), (5, 5))
+    # panther.nn.SKConv2d(layer=conv): kernels [in, Kh, Kw, out], S1s from their mode-4 unfolding.
+    kernels = conv.weight.detach().permute(1, 2, 3, 0)
+    panther_S1s = torch.stack([(kernels @ layer.U1s[i].T).reshape(-1, 3) for i in range(4)])
+    panther_S1s = panther_S1s.permute(0, 2, 1).reshape(12, 3, 5, 5)
+    torch.testing.assert_close(layer.S1s.detach(), panther_S1s)
+    assert torch.equal(layer.bias, conv.bias) and layer.bias is not conv.bias
+    assert abnn.SKConv2d(3, 8, 3, padding="same").padding == (1, 1)
+    for bad, message in [(dict(layer=torch.nn.Conv2d(4, 8, 3, groups=2)), "SKConv2d layer: groups 2"),
+                         (dict(layer=torch.nn.Conv2d(4, 8, 3, dilation=2)), r"SKConv2d layer: dilation \(2, 2\)"),
+                         (dict(kernel_size=4, padding="same"), "'same' needs odd kernel sizes"),
+                         (dict(padding="full"), "expected 'same', 'valid' or numbers")]:
+        with pytest.raises(ValueError, match=message):
+            abnn.SKConv2d(4, 8, **bad)
+
+
+def test_skconv2d_loads_a_panther_state_dict_and_runs_in_torchscript():
+    source = abnn.SKConv2d(3, 24, num_terms=2, low_rank=4)
+    # What panther.nn.SKConv2d saves: the same names and shapes, other values.
+    panther_state = {name: torch.randn_like(t) for name, t in source.state_dict().items()}
+    layer = abnn.SKConv2d(3, 24, num_terms=2, low_rank=4)
+    layer.load_state_dict(panther_state)
+    x = torch.randn(5, 3, 8, 7)
+    expected = skconv2d_reference(x, panther_state["S1s"], panther_state["U1s"], panther_state["bias"], 1, 1)
+    model = torch.nn.Sequential(layer, torch.nn.ReLU())
+    for module in (model, torch.jit.script(model), round_trip(torch.jit.script(model))):
+        for _ in range(2):
+            torch.testing.assert_close(module(x).double(), F.relu(expected), rtol=1e-4, atol=1e-4)
+
+
+def test_skconv2d_rejects_bad_shapes_in_one_line():
+    layer = abnn.SKConv2d(4, 8, num_terms=1, low_rank=2)
+    with pytest.raises(RuntimeError, match=r"SKConv2d input: expected \[N, 4, H, W\]"):
+        layer(torch.randn(2, 5, 6, 6))
+    with pytest.raises(RuntimeError, match="SKConv2d U1s: expected"):
+        torch.ops.afterburner.skconv2d(torch.randn(2, 4, 6, 6), layer.S1s, torch.randn(3, 2, 8))
+    with pytest.raises(RuntimeError, match="SKConv2d rank: must be at least 1"):
+        abnn.SKConv2d(4, 8, num_terms=1, low_rank=0)
 
 
 def test_fused_layers_start_as_torch_nn_layers_do():

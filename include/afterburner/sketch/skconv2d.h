@@ -62,6 +62,20 @@ class SKConv2dImpl : public torch::nn::Cloneable<SKConv2dImpl> {
 
 TORCH_MODULE(SKConv2d);
 
+// The layer's tensors, as a fresh SKConv2dImpl(options, dense_weight) draws them (bias undefined
+// without options.bias()): the op afterburner::skconv2d_init. Throws UsageError for sizes below 1
+// or a dense weight of another shape.
+struct SKConv2dTensors {
+  torch::Tensor S1s, U1s, bias;
+};
+SKConv2dTensors initial_skconv2d_tensors(const SKConv2dOptions& options, const torch::Tensor& dense_weight = {});
+
+// SKConv2d's forward over given tensors (channels, terms and kernel size read from their shapes;
+// bias may be undefined): the op afterburner::skconv2d. Throws UsageError naming the first tensor
+// whose shape does not fit.
+torch::Tensor sketched_conv2d(const torch::Tensor& input, const torch::Tensor& S1s, const torch::Tensor& U1s,
+                              const torch::Tensor& bias, torch::IntArrayRef stride, torch::IntArrayRef padding);
+
 // True when 2Lk >= C_out: S1s (2Lk C_in Kh Kw) is at least as large as the dense kernel
 // (C_out C_in Kh Kw).
 bool sketch_saves_nothing(const SKConv2dOptions& options);

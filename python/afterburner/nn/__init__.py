@@ -6,14 +6,14 @@
     print(report.fused, report.notices)
 """
 import dataclasses
-from typing import List
+from typing import List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from . import functional
 
-__all__ = ["SKLinear", "ReluMaxPool2d", "LinearReLU", "Conv2dReLU", "fuse", "FuseReport", "functional"]
+__all__ = ["SKLinear", "SKConv2d", "ReluMaxPool2d", "LinearReLU", "Conv2dReLU", "fuse", "FuseReport", "functional"]
 
 
 class SKLinear(torch.nn.Module):
@@ -53,6 +53,95 @@ class SKLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, num_terms={self.num_terms}, "
                 f"low_rank={self.low_rank}, bias={self.bias is not None}")
+
+
+class SKConv2d(torch.nn.Module):
+    """A 2-D convolution as 2 * `num_terms` sketched terms of rank `low_rank` (Panther's SKConv2d).
+
+    y = 1/(2L) sum_{i, kappa} U1s[i, kappa, :] conv2d(x, S1s[i k + kappa]) + bias: one convolution
+    to 2Lk channels, then one fixed 1x1 mix down to out_channels. Parameter S1s [2Lk, in_channels,
+    Kh, Kw], buffer U1s [2L, k, out_channels] (fixed signs +-1/sqrt(k)) and bias [out_channels]:
+    the names and shapes of panther.nn.SKConv2d, so its state_dicts load. padding takes numbers,
+    "valid", or "same" (odd kernel sizes: (K - 1) // 2 on each side, Panther's meaning). `layer`
+    (a torch.nn.Conv2d) starts the layer as an unbiased estimate of that convolution and takes its
+    bias; without it, of a kernel drawn as torch.nn.Conv2d draws it.
+    """
+
+    __constants__ = ["in_channels", "out_channels", "num_terms", "low_rank", "stride", "padding"]
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]] = (3, 3),
+                 stride: Union[int, Tuple[int, int]] = (1, 1), padding: Union[str, int, Tuple[int, int]] = (1, 1),
+                 bias: bool = True, num_terms: int = 6, low_rank: int = 8,
+                 layer: Optional[torch.nn.Conv2d] = None, dtype=None, device=None):
+        super().__init__()
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.num_terms, self.low_rank = num_terms, low_rank
+        self.kernel_size = _pair(kernel_size)
+        self.stride = _pair(stride)
+        self.padding = _sketch_padding(padding, self.kernel_size)
+        weight = None
+        if layer is not None:
+            reason = _sketch_unsupported(layer)
+            if reason:
+                raise ValueError(f"SKConv2d layer: {reason}")
+            weight = layer.weight.detach().to("cpu", torch.float32)
+            bias = layer.bias is not None
+        S1s, U1s, b = torch.ops.afterburner.skconv2d_init(in_channels, out_channels, self.kernel_size, num_terms,
+                                                          low_rank, weight, bias)
+        factory = dict(dtype=dtype, device=device)
+        self.register_buffer("U1s", U1s.to(**factory))
+        self.S1s = torch.nn.Parameter(S1s.to(**factory))
+        if not bias:
+            self.register_parameter("bias", None)
+        elif layer is not None:
+            self.bias = torch.nn.Parameter(layer.bias.detach().to(**factory).clone())
+        else:
+            self.bias = torch.nn.Parameter(b.to(**factory))
+
+    @staticmethod
+    def fromTorch(layer: torch.nn.Conv2d, num_terms: int, low_rank: int) -> "SKConv2d":
+        """The sketched estimate of `layer` with its sizes, stride, padding and bias (Panther's name)."""
+        if not isinstance(layer, torch.nn.Conv2d):
+            raise ValueError(f"SKConv2d.fromTorch: expected a torch.nn.Conv2d, got {type(layer).__name__}")
+        return SKConv2d(layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride, layer.padding,
+                        num_terms=num_terms, low_rank=low_rank, layer=layer, dtype=layer.weight.dtype,
+                        device=layer.weight.device)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return torch.ops.afterburner.skconv2d(input, self.S1s, self.U1s, self.bias, self.stride, self.padding)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, num_terms={self.num_terms}, low_rank={self.low_rank}, "
+                f"bias={self.bias is not None}")
+
+
+def _pair(value) -> Tuple[int, int]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+
+
+def _sketch_padding(padding, kernel_size: Tuple[int, int]) -> Tuple[int, int]:
+    if padding == "valid":
+        return (0, 0)
+    if padding == "same":
+        if kernel_size[0] % 2 == 0 or kernel_size[1] % 2 == 0:
+            raise ValueError(f"SKConv2d padding: 'same' needs odd kernel sizes, got {kernel_size}")
+        return ((kernel_size[0] - 1) // 2, (kernel_size[1] - 1) // 2)
+    if isinstance(padding, str):
+        raise ValueError(f"SKConv2d padding: expected 'same', 'valid' or numbers, got '{padding}'")
+    return _pair(padding)
+
+
+def _sketch_unsupported(conv) -> str:
+    if not isinstance(conv, torch.nn.Conv2d):
+        return f"expected a torch.nn.Conv2d, got {type(conv).__name__}"
+    if conv.groups != 1:
+        return f"groups {conv.groups} (only 1)"
+    if tuple(conv.dilation) != (1, 1):
+        return f"dilation {tuple(conv.dilation)} (only 1)"
+    if conv.padding_mode != "zeros":
+        return f"padding_mode '{conv.padding_mode}' (only zeros)"
+    return ""
 
 
 class ReluMaxPool2d(torch.nn.MaxPool2d):
