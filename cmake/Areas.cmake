@@ -42,7 +42,8 @@ function(afterburner_area name)
 endfunction()
 
 # afterburner_test(<area>): tests/<area>/*.cpp as one GoogleTest executable, linked with
-# that area's objects and those it depends on; ctest runs each test case on its own.
+# that area's objects and those it depends on; ctest runs each of its suites as the test
+# <area>.<Suite> (cmake/GTestSuites.cmake lists them each time the executable links).
 function(afterburner_test area)
   file(GLOB sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/${area}/*.cpp)
   if(NOT sources)
@@ -55,8 +56,15 @@ function(afterburner_test area)
   if(AFTERBURNER_SANITIZE)
     return()  # a sanitizer build runs whole test binaries (tests/CMakeLists.txt)
   endif()
-  gtest_discover_tests(test_${area} DISCOVERY_TIMEOUT 60
-    PROPERTIES ENVIRONMENT "AFTERBURNER_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
-               # A second variable through ENVIRONMENT would be split at its ';' by gtest_discover_tests.
-               ENVIRONMENT_MODIFICATION "AFTERBURNER_BINARY=set:$<TARGET_FILE:afterburner_cli>")
+  set(suites_file ${CMAKE_CURRENT_BINARY_DIR}/test_${area}_suites.cmake)
+  add_custom_command(TARGET test_${area} POST_BUILD
+    COMMAND ${CMAKE_COMMAND} -D executable=$<TARGET_FILE:test_${area}> -D output=${suites_file} -D prefix=${area}
+            -D source_dir=${PROJECT_SOURCE_DIR} -D cli=$<TARGET_FILE:afterburner_cli>
+            -P ${PROJECT_SOURCE_DIR}/cmake/GTestSuites.cmake
+    BYPRODUCTS ${suites_file} VERBATIM)
+  # Until the executable has linked once, ctest shows one failing test saying so.
+  set(include_file ${CMAKE_CURRENT_BINARY_DIR}/test_${area}_include.cmake)
+  file(WRITE ${include_file} "if(EXISTS [[${suites_file}]])\n  include([[${suites_file}]])\n"
+                             "else()\n  add_test(${area}.NOT_BUILT test_${area}_NOT_BUILT)\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${include_file})
 endfunction()

@@ -9,6 +9,7 @@
 #include "afterburner/dist/launch.h"
 #include "afterburner/dist/sync_batch_norm.h"
 #include "afterburner/train/run.h"
+#include "afterburner/train/session.h"
 #include "heartbeat.h"
 
 namespace afterburner::dist {
@@ -32,7 +33,9 @@ int64_t rank_threads(const train::TrainConfig& config) {
 std::optional<train::TrainReport> run_training(const train::TrainConfig& config) {
   if (auto environment = options_from_environment()) return train_rank(config, *environment);
   if (config.nproc == 1 && config.nnodes == 1) return train::run_training(config);
-  train::validate(config);  // once, here, rather than once per rank
+  // Once, here, rather than once per rank: a bad option or model file is one line, not one per rank.
+  train::validate(config);
+  if (train::is_model_file(config.model)) train::load_user_model(config, /*data_parallel=*/true);
   launch_local_ranks(current_command(), LaunchOptions()
                                             .nproc(config.nproc)
                                             .nnodes(config.nnodes)

@@ -74,35 +74,6 @@ int64_t evaluation_interval(const TrainConfig& config, int64_t batches_per_epoch
   return std::max<int64_t>(1, batches_per_epoch / config.accumulate / kEvaluationsPerEpoch);
 }
 
-// A user's TorchScript model, loaded to be trained in place, with the zoo-only options refused.
-torch::jit::Module load_user_model(const TrainConfig& config) {
-  if (config.sketch) throw UsageError("--sketch", "sketches zoo models; " + config.model + " is trained as written");
-  if (!config.checkpoint_layers.empty()) {
-    throw UsageError("--checkpoint-layers", "applies to zoo models; " + config.model + " is trained as written");
-  }
-  torch::jit::Module script = infer::load_model(config.model);
-  bool trainable = false;
-  for (const auto& parameter : script.parameters()) trainable = trainable || parameter.requires_grad();
-  if (!trainable) {
-    throw UsageError("--model", config.model + ": none of its parameters requires grad, so there is nothing to train "
-                                               "(files from `afterburner train --export` or torch.jit.freeze are "
-                                               "for inference)");
-  }
-  script.train();
-  return script;
-}
-
-// BatchNorm's running statistics, by the buffer names torch.nn.BatchNorm*d registers.
-bool has_batch_norm(const torch::jit::Module& script) {
-  for (const auto& buffer : script.named_buffers()) {
-    const std::string& name = buffer.name;
-    if (name == "running_mean" || (name.size() > 13 && name.compare(name.size() - 13, 13, ".running_mean") == 0)) {
-      return true;
-    }
-  }
-  return false;
-}
-
 // One forward of two training samples (in evaluation mode: no BatchNorm statistics move) before
 // training starts, so that a model whose input or output does not fit cross-entropy over the
 // dataset's classes stops with one line naming the file, not inside the first step.
@@ -177,10 +148,42 @@ data::DatasetPtr shard_for_rank(const Replicas& replicas, const TrainConfig& con
       evaluation, torch::arange(replicas.rank(), evaluation->size(), world_size, torch::kLong));
 }
 
+// BatchNorm's running statistics, by the buffer names torch.nn.BatchNorm*d registers.
+bool has_batch_norm(const torch::jit::Module& script) {
+  for (const auto& buffer : script.named_buffers()) {
+    const std::string& name = buffer.name;
+    if (name == "running_mean" || (name.size() > 13 && name.compare(name.size() - 13, 13, ".running_mean") == 0)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 bool is_model_file(const std::string& model) {
   return model.find('/') != std::string::npos || (model.size() > 3 && model.compare(model.size() - 3, 3, ".pt") == 0);
+}
+
+torch::jit::Module load_user_model(const TrainConfig& config, bool data_parallel) {
+  if (config.sketch) throw UsageError("--sketch", "sketches zoo models; " + config.model + " is trained as written");
+  if (!config.checkpoint_layers.empty()) {
+    throw UsageError("--checkpoint-layers", "applies to zoo models; " + config.model + " is trained as written");
+  }
+  torch::jit::Module script = infer::load_model(config.model);
+  bool trainable = false;
+  for (const auto& parameter : script.parameters()) trainable = trainable || parameter.requires_grad();
+  if (!trainable) {
+    throw UsageError("--model", config.model + ": none of its parameters requires grad, so there is nothing to train "
+                                               "(files from `afterburner train --export` or torch.jit.freeze are "
+                                               "for inference)");
+  }
+  if (data_parallel && has_batch_norm(script)) {
+    throw UsageError("--nproc", config.model + " has BatchNorm layers, which would normalise each rank's batch "
+                                                "alone (SyncBatchNorm replaces only the zoo's): train it in one process");
+  }
+  script.train();
+  return script;
 }
 
 TrainingData load_training_data(const TrainConfig& config) {
@@ -243,11 +246,7 @@ Model TrainingSession::Parts::zoo_model(const TrainConfig& config, const Trainin
 // itself, which is exported, stays as written).
 Model TrainingSession::Parts::user_model(const TrainConfig& config, const TrainingData& data,
                                          const DataParallelism& parallel, bool channels_last) {
-  script = load_user_model(config);
-  if (parallel.replicate && has_batch_norm(*script)) {
-    throw UsageError("--nproc", config.model + " has BatchNorm layers, which would normalise each rank's batch "
-                                                "alone (SyncBatchNorm replaces only the zoo's): train it in one process");
-  }
+  script = load_user_model(config, parallel.replicate != nullptr);
   Model plain(*script);
   check_model_fits(plain, data, config.model, channels_last);
   if (!config.fuse) return plain;
@@ -276,11 +275,8 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
 
   torch::manual_seed(config.seed);
   bool channels_last = config.channels_last && config.model != "mlp";
-  auto loader_options = data::LoaderOptions()
-                            .batch_size(config.batch_size)
-                            .prefetch(config.prefetch)
-                            .seed(config.seed)
-                            .channels_last(channels_last);
+  data::LoaderOptions loader_options;  // not a copy of a temporary: GCC 12 then warns of its optional shard
+  loader_options.batch_size(config.batch_size).prefetch(config.prefetch).seed(config.seed).channels_last(channels_last);
   LossFunction loss = config.fuse ? LossFunction(kernels::cross_entropy) : plain_cross_entropy();
   Model trained = is_model_file(config.model) ? p.user_model(config, data, parallel, channels_last)
                                              : p.zoo_model(config, data, parallel);

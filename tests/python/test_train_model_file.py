@@ -115,8 +115,10 @@ def test_models_that_do_not_fit_are_one_clear_line(tmp_path):
     assert str(tmp_path / "missing.pt") in run.stderr and len(run.stderr.strip().splitlines()) == 1
     run = train("--model", narrow, "--sketch", expect=2)
     assert "--sketch: sketches zoo models" in run.stderr
-    run = train("--model", saved(UserCnn(), tmp_path / "bn.pt"), "--nproc", 2, "--max-steps", 5, expect=1)
-    assert "--nproc: " + str(tmp_path / "bn.pt") + " has BatchNorm layers" in run.stderr
+    # Checked by the launcher before any rank starts: one line, not one per rank.
+    run = train("--model", saved(UserCnn(), tmp_path / "bn.pt"), "--nproc", 2, "--max-steps", 5, expect=2)
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--nproc: " + str(tmp_path / "bn.pt") + " has BatchNorm layers" in lines[0]
     frozen = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10)).requires_grad_(False)
     run = train("--model", saved(frozen, tmp_path / "frozen.pt"), expect=2)
     assert "frozen.pt: none of its parameters requires grad, so there is nothing to train" in run.stderr

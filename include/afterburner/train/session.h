@@ -8,6 +8,8 @@
 //   afterburner::train::TrainReport report = session.fit();
 #pragma once
 
+#include <torch/csrc/jit/api/module.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -32,6 +34,11 @@ struct TrainingData {
 // Whether --model names a TorchScript file to train (a path, or a name ending in .pt) rather
 // than a zoo model.
 bool is_model_file(const std::string& model);
+
+// The TorchScript file config.model names, loaded to be trained in place. Throws UsageError naming
+// the file or flag when it cannot be: unreadable, nothing requires grad, a zoo-only option given,
+// or BatchNorm in a `data_parallel` job. A launcher calls it once before starting its ranks.
+torch::jit::Module load_user_model(const TrainConfig& config, bool data_parallel);
 
 // Reads config.data and splits off config.validation_split. Throws UsageError / DataError naming
 // the file or flag.
