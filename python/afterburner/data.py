@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import numpy
 import torch
 
-__all__ = ["Loader", "load_mnist", "read_idx"]
+__all__ = ["Loader", "load_mnist", "read_idx", "read_csv"]
 
 
 def _tensor(array, name):
@@ -78,3 +78,12 @@ def load_mnist(directory: str, split: str = "train"):
     """(images uint8 [N, 1, 28, 28], labels int64 [N]) of an MNIST-layout directory; split
     'train' or 'test' (the t10k files)."""
     return torch.ops.afterburner.load_mnist(str(directory), split)
+
+
+def read_csv(path: str, label_column: int = -1, label_name: Optional[str] = None, header: bool = True,
+             delimiter: str = ",", classes: int = 0):
+    """(features float32 [N, F], labels int64 [N]) of a numeric CSV file: every cell a number
+    (spaces and double quotes around it ignored), blank lines skipped, the label a non-negative
+    integer in column `label_column` (negative counts from the end) or in the column the header
+    names `label_name`, and below `classes` when that is given. Errors name file:line:column."""
+    return torch.ops.afterburner.read_csv(str(path), label_column, label_name or "", header, delimiter, classes)

@@ -1,6 +1,6 @@
 // The data area for the Python package: the threaded Loader as a TorchScript custom class,
-// torch.classes.afterburner.Loader (afterburner.data.Loader wraps it), and the IDX readers as
-// ops. Each batch comes out as the tensors the workers built: no copy on the way to Python.
+// torch.classes.afterburner.Loader (afterburner.data.Loader wraps it), and the IDX and CSV
+// readers as ops. Each batch comes out as the tensors the workers built: no copy on the way to Python.
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "afterburner/data/csv.h"
 #include "afterburner/data/idx.h"
 #include "afterburner/data/loader.h"
 
@@ -83,6 +84,17 @@ std::tuple<torch::Tensor, torch::Tensor> load_mnist_op(const std::string& dir, c
   return {dataset->inputs(), dataset->targets()};
 }
 
+std::tuple<torch::Tensor, torch::Tensor> read_csv_op(const std::string& path, int64_t label_column,
+                                                     const std::string& label_name, bool header,
+                                                     const std::string& delimiter, int64_t classes) {
+  if (delimiter.size() != 1) throw UsageError("delimiter", "expected one character, got '" + delimiter + "'");
+  const auto dataset = std::static_pointer_cast<const TensorDataset>(read_csv(
+      path,
+      CsvOptions().label_column(label_column).label_name(label_name).header(header).delimiter(delimiter[0]).classes(
+          classes)));
+  return {dataset->inputs(), dataset->targets()};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(afterburner, m) {
@@ -96,6 +108,10 @@ TORCH_LIBRARY_FRAGMENT(afterburner, m) {
   m.def("read_idx(str path) -> Tensor", [](const std::string& path) { return read_idx(path); });
   // <dir>/{train,t10k}-*-ubyte[.gz] (the MNIST layout): images uint8 [N, 1, 28, 28], labels int64 [N].
   m.def("load_mnist(str dir, str split) -> (Tensor, Tensor)", load_mnist_op);
+  // A numeric CSV file: features float32 [N, F] and labels int64 [N] (data::read_csv's rules).
+  m.def("read_csv(str path, int label_column=-1, str label_name=\"\", bool header=True, str delimiter=\",\", "
+        "int classes=0) -> (Tensor, Tensor)",
+        read_csv_op);
 }
 
 }  // namespace afterburner::data

@@ -1,6 +1,7 @@
 """afterburner.data against Python references: every sample once per epoch, the same batches
 for any worker count and on a second run, new orders per epoch, transforms equal to the
 per-sample torch computation, the IDX reader equal to a Python one, and errors."""
+import csv
 import gzip
 import struct
 import threading
@@ -122,11 +123,46 @@ def test_mnist_readers_match_a_python_reader():
     assert torch.equal(data.read_idx(str(FASHION_MNIST / "t10k-labels-idx1-ubyte.gz")).long(), labels)
 
 
+def python_read_csv(path, label_column, delimiter):
+    """The same file through Python's csv module: features and labels."""
+    with open(path, newline="") as f:
+        rows = [row for row in csv.reader(f, delimiter=delimiter) if row][1:]
+    labels = torch.tensor([int(row[label_column]) for row in rows])
+    features = [[float(cell) for i, cell in enumerate(row) if i != label_column % len(row)] for row in rows]
+    return torch.tensor(features, dtype=torch.float32), labels
+
+
+@pytest.mark.parametrize("delimiter,label", [(",", dict(label_name="species")), ("\t", dict(label_column=1))])
+def test_csv_reader_matches_pythons_csv_module(tmp_path, delimiter, label):
+    rng = numpy.random.default_rng(5)
+    rows = [[f"{v:.6g}" for v in rng.normal(size=4)] for _ in range(37)]
+    for row in rows:
+        row.insert(1, str(int(rng.integers(0, 3))))
+    rows[4][0] = f'"{rows[4][0]}"'  # quoted cells are read as their number
+    path = tmp_path / "iris.csv"
+    lines = [delimiter.join(["sepal", "species", "petal", "width", "length"])] + [delimiter.join(r) for r in rows]
+    path.write_text("\n".join(lines[:10] + [""] + lines[10:]) + "\n")  # a blank line is skipped
+    features, labels = data.read_csv(path, delimiter=delimiter, classes=3, **label)
+    expected_features, expected_labels = python_read_csv(path, 1, delimiter)
+    assert features.dtype == torch.float32 and labels.dtype == torch.int64 and features.shape == (37, 4)
+    assert torch.equal(features, expected_features) and torch.equal(labels, expected_labels)
+    batches = list(data.Loader(features, labels, batch_size=8, shuffle=False, drop_last=False))
+    assert torch.equal(torch.cat([x for x, _ in batches]), features)
+    with pytest.raises(RuntimeError, match=f"{path}:[0-9]+:2: label 2 is outside the model's 2 classes"):
+        data.read_csv(path, delimiter=delimiter, classes=2, **label)
+
+
 def test_bad_input_is_one_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match="split: expected train or test"):
         data.load_mnist(str(FASHION_MNIST), "validation")
     with pytest.raises(RuntimeError, match=str(tmp_path / "missing.idx")):
         data.read_idx(str(tmp_path / "missing.idx"))
+    bad_cell = tmp_path / "bad.csv"
+    bad_cell.write_text("a,b,label\n1,2,0\n1.5,abc,1\n")
+    with pytest.raises(RuntimeError, match=f"{bad_cell}:3:2: expected a number, got 'abc'"):
+        data.read_csv(bad_cell)
+    with pytest.raises(RuntimeError, match="delimiter: expected one character"):
+        data.read_csv(bad_cell, delimiter=", ")
     with pytest.raises(RuntimeError, match="targets"):
         data.Loader(torch.zeros(5, 3), torch.zeros(4, dtype=torch.int64))
     with pytest.raises(ValueError, match="mean and std together"):
