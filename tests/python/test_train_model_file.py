@@ -1,9 +1,11 @@
 """`afterburner train --model my_model.pt`: models written in Python (scripted with a custom
 forward, BatchNorm and Dropout; traced), trained in place by the C++ trainer on the real
-Fashion-MNIST, exported, read back by Python, resumed exactly, and refused in one line when they
-do not fit."""
+Fashion-MNIST, exported, read back by Python, resumed exactly, tuned, and refused in one line when
+they do not fit."""
+import gzip
 import json
 import os
+import struct
 import subprocess
 from pathlib import Path
 
@@ -122,3 +124,39 @@ def test_models_that_do_not_fit_are_one_clear_line(tmp_path):
     frozen = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10)).requires_grad_(False)
     run = train("--model", saved(frozen, tmp_path / "frozen.pt"), expect=2)
     assert "frozen.pt: none of its parameters requires grad, so there is nothing to train" in run.stderr
+
+
+def write_idx(path, tensor):
+    """An IDX file as MNIST's are: uint8 elements, big-endian sizes, gzipped."""
+    header = struct.pack(">I", 0x0800 | tensor.dim()) + b"".join(struct.pack(">I", n) for n in tensor.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + tensor.to(torch.uint8).contiguous().numpy().tobytes())
+
+
+def fashion_mnist_subset(directory, train_size, test_size):
+    """The first samples of Fashion-MNIST in its own layout: a tune in seconds, not minutes."""
+    directory.mkdir()
+    for split, prefix, size in (("train", "train", train_size), ("test", "t10k", test_size)):
+        images, labels = data.load_mnist(str(FASHION_MNIST), split)
+        write_idx(directory / f"{prefix}-images-idx3-ubyte.gz", images[:size, 0])
+        write_idx(directory / f"{prefix}-labels-idx1-ubyte.gz", labels[:size])
+    return directory
+
+
+def test_tune_measures_a_python_model_and_recommends_a_config_train_accepts(tmp_path):
+    source = saved(UserCnn(), tmp_path / "model.pt")
+    subset = fashion_mnist_subset(tmp_path / "data", 2048, 512)
+    run = subprocess.run([BINARY, "tune", "--model", str(source), "--data", str(subset), "--time-budget", "8",
+                          "--rounds", "1", "--batch-size", "64", "--threads", "2", "--precision", "fp32",
+                          "--report", str(tmp_path / "tune")], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr
+    report = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    techniques = {trial["technique"] for trial in report["trials"]}
+    assert {"fuse", "layout", "batch size"} <= techniques
+    assert not techniques & {"activation checkpointing", "sketching"}
+    assert any("activation checkpointing and sketching: not run" in note for note in report["notes"])
+    recommended = tmp_path / "tune" / "recommended.toml"
+    assert f"model = '{source}'" in recommended.read_text()
+    train("--config", recommended, "--data", subset, "--max-steps", 3, "--export", tmp_path / "trained.pt")
+    trained = torch.jit.load(str(tmp_path / "trained.pt")).state_dict()
+    assert list(trained) == list(torch.jit.load(str(source)).state_dict())
