@@ -46,7 +46,7 @@ Command add_tune_command(CLI::App& app) {
       std::set<std::string>{"report", "export", "log_jsonl", "checkpoint_dir", "checkpoint_every", "resume", "trace",
                             "profile", "progress"});
   auto flags = std::make_shared<TuneFlags>();
-  sub->add_option("--time-budget", flags->time_budget, "seconds for all trials, roughly")
+  sub->add_option("--time-budget", flags->time_budget, "seconds for all trials and accuracy checks, roughly")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub->add_option("--report", flags->report_dir, "directory for tune.json, recommended.toml and report.md")->required();

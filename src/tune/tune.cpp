@@ -19,8 +19,11 @@ using train::TrainConfig;
 using train::TrainingSession;
 
 constexpr int64_t kWarmupSteps = 2;        // untimed before every measurement (the loader's start)
+constexpr int64_t kSessionWarmupSteps = 5; // untimed once per session: oneDNN primitives, page faults
+constexpr int64_t kFewestSteps = 5;        // timed per measurement, whatever the budget
 constexpr double kTrialShare = 0.8;        // of the time budget; the rest checks accuracy
 constexpr double kAccuracyTolerance = 0.005;
+constexpr double kValidationSplit = 0.1;    // held out of the training set by accuracy checks
 
 struct Candidate {
   std::string technique;
@@ -91,13 +94,15 @@ class Tuner {
     result_.recommended = base_;
     if (options_.lr_find()) result_.lr_find = find_lr(base_, data_, options_.lr_find_options());
     baseline_ = std::make_unique<TrainingSession>(base_, data_);
-    baseline_->measure_steps(5, 0);  // first-step costs: oneDNN primitives, page faults
+    baseline_->measure_steps(kSessionWarmupSteps, 0);
     const auto calibration = baseline_->measure_steps(kWarmupSteps, 10);
     const double step_seconds = calibration.seconds / 10;
+    sample_seconds_ = step_seconds / double(base_.batch_size * base_.accumulate);
     baseline_peak_mb_ = calibration.peak_tensor_mb;
     auto list = candidates(base_, result_.notes);
     add_batch_sizes(list);
     seconds_per_step_ = step_seconds;
+    note_a_budget_below_the_fewest_steps(list.size() + 1);  // and the combination
     for (size_t i = 0; i < list.size() && !stopped(); ++i) {
       size_blocks(list.size() - i + 1);  // and the combination's
       result_.trials.push_back(measure(list[i]));
@@ -116,11 +121,27 @@ class Tuner {
   // Steps per measurement, so that the trials left fit what is left of the budget's trial share
   // at the seconds per step the trials so far took (slower settings, sessions' start included).
   void size_blocks(size_t trials_left) {
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    const double left = std::max(0.0, kTrialShare * options_.time_budget() - elapsed);
+    const double left = std::max(0.0, kTrialShare * options_.time_budget() - elapsed());
     const double measurements = double(trials_left * 2 * options_.rounds());
-    steps_ = std::clamp<int64_t>(int64_t(left / (measurements * seconds_per_step_)) - kWarmupSteps, 5, 2000);
+    steps_ = std::clamp<int64_t>(int64_t(left / (measurements * seconds_per_step_)) - kWarmupSteps, kFewestSteps, 2000);
   }
+
+  // A budget too small for every trial's fewest steps is said once, not silently overrun.
+  void note_a_budget_below_the_fewest_steps(size_t trials) {
+    const int64_t fewest_steps = kSessionWarmupSteps + 2 * options_.rounds() * (kWarmupSteps + kFewestSteps);
+    const double fewest_seconds = double(trials) * double(fewest_steps) * seconds_per_step_;
+    if (fewest_seconds <= kTrialShare * options_.time_budget()) return;
+    note(fmt::format("the {} trials need about {:.0f} s at their fewest steps ({} each), more than --time-budget {:g} s "
+                     "leaves them: each runs its fewest",
+                     trials, fewest_seconds, fewest_steps, options_.time_budget()));
+  }
+
+  void note(const std::string& line) {
+    result_.notes.push_back(line);
+    if (options_.log()) options_.log()(line);
+  }
+
+  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
 
   bool stopped() {
     if (options_.stop() && options_.stop()->load()) result_.interrupted = true;
@@ -173,7 +194,7 @@ class Tuner {
       return trial;
     }
     TrainingSession session(trial.config, data_);
-    session.measure_steps(5, 0);
+    session.measure_steps(kSessionWarmupSteps, 0);
     std::vector<double> ours, theirs, ratios;
     for (int64_t round = 0; round < options_.rounds() && !stopped(); ++round) {
       auto base = baseline_->measure_steps(kWarmupSteps, steps_);
@@ -245,14 +266,26 @@ class Tuner {
         return;
       }
     }
-    result_.notes.push_back("every faster setting changes numerics and failed its accuracy check: keep yours");
+    result_.notes.push_back("every faster setting changes numerics and none passed an accuracy check: keep yours");
   }
 
-  // One epoch on a 10% validation split against the baseline in fp32 (trained once).
+  // One epoch on a 10% validation split against the baseline in fp32 (trained once), unless
+  // that would overrun the budget: then the setting is not recommended, and the note says why.
   bool accuracy_holds(const Trial& trial) {
     if (!options_.check_accuracy()) return false;
+    const std::string setting = trial.technique == "recommended" ? "the faster settings together" : trial.setting;
+    const bool with_reference = !validation_data_;  // the fp32 reference trains at the first check
+    const double check_seconds =
+        (with_reference ? 2 : 1) * (1 - kValidationSplit) * double(data_.train->size()) * sample_seconds_;
+    if (elapsed() + check_seconds > options_.time_budget()) {
+      note(fmt::format("accuracy check of {}: not run, an epoch of training {} takes about {:.0f} s, beyond "
+                       "--time-budget {:g} s; a setting that changes numerics is recommended only after its check",
+                       setting, with_reference ? "for it and one for the fp32 reference" : "for it", check_seconds,
+                       options_.time_budget()));
+      return false;
+    }
     auto validated = [](TrainConfig config) {
-      config.validation_split = 0.1;
+      config.validation_split = kValidationSplit;
       config.epochs = 1;
       return config;
     };
@@ -263,7 +296,7 @@ class Tuner {
       fp32_accuracy_ = TrainingSession(reference, *validation_data_).fit().test_accuracy;
     }
     AccuracyCheck check;
-    check.setting = trial.technique == "recommended" ? "the faster settings together" : trial.setting;
+    check.setting = setting;
     check.fp32_accuracy = fp32_accuracy_;
     check.accuracy = TrainingSession(validated(trial.config), *validation_data_).fit().test_accuracy;
     check.passed = check.accuracy >= check.fp32_accuracy - kAccuracyTolerance;
@@ -286,6 +319,7 @@ class Tuner {
   double baseline_peak_mb_ = 0;
   int64_t steps_ = 0;              // timed steps per measurement
   double seconds_per_step_ = 0;    // of the last trial, everything included
+  double sample_seconds_ = 0;      // of the baseline's training steps
   TuneResult result_;
 };
 

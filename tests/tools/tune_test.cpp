@@ -140,6 +140,21 @@ TEST_F(CliTune, BatchSizesPredictedAboveTheMemoryBudgetAreNotTried) {
   EXPECT_GT(batch_trials, 0);
 }
 
+// The trials shrink to their fewest steps and say so; no accuracy check fits, so nothing that
+// changes numerics is recommended, whatever the trials measured.
+TEST_F(CliTune, ABudgetTooSmallIsNotedAndRecommendsNothingUnchecked) {
+  auto result = tune({{"--time-budget", "0.01"}});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  auto report = read_json(report_dir() / "tune.json");
+  const auto notes = report.at("notes").dump();
+  EXPECT_NE(notes.find("at their fewest steps"), std::string::npos) << notes;
+  EXPECT_TRUE(report.at("accuracy_checks").empty()) << report.at("accuracy_checks").dump();
+  const auto recommended = report.at("recommended").get<std::string>();
+  EXPECT_EQ(std::stoi(toml_value(recommended, "batch_size")) * std::stoi(toml_value(recommended, "accumulate")), 32)
+      << recommended;
+  EXPECT_EQ(toml_value(recommended, "precision"), "'fp32'") << recommended;
+}
+
 // Each trial changes one setting of the best recipe so far and is adopted only when it beats it:
 // in fewer samples to the target, or in more than 5% less time (when it changes a sample's cost).
 TEST_F(CliTune, TimeToAccuracySearchesTheRecipeOnAValidationSplitAndMeasuresItOnTheTestSet) {

@@ -34,7 +34,10 @@ namespace afterburner::tune {
 using StopFlag = const std::atomic<bool>*;
 
 struct TuneOptions {
-  TORCH_ARG(double, time_budget) = 300;       // seconds for all trials, roughly
+  // Seconds for all trials and accuracy checks, roughly: trials shrink to fit it down to their
+  // fewest steps (a budget below that is noted), and an accuracy check that would overrun it is
+  // not run (noted; the setting it would have checked is not recommended).
+  TORCH_ARG(double, time_budget) = 300;
   TORCH_ARG(int64_t, rounds) = 3;             // alternating pairs per trial
   TORCH_ARG(double, memory_budget_mb) = 0;    // 0 = no limit; batch sizes predicted above it are not tried
   TORCH_ARG(bool, check_accuracy) = true;     // false: never recommend what changes numerics
