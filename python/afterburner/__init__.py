@@ -18,6 +18,8 @@
 The ops live in the dispatcher as torch.ops.afterburner.<name> (eager, torch.jit.script,
 torch.jit.trace, and TorchScript files loaded by the `afterburner` command alike), the loader
 as torch.classes.afterburner.Loader; the modules here are thin wrappers over them.
+afterburner.jit.fuse does for a scripted or traced model what afterburner.nn.fuse does for
+Sequentials.
 """
 import os as _os
 
@@ -25,6 +27,6 @@ import torch as _torch
 
 _torch.ops.load_library(_os.path.join(_os.path.dirname(__file__), "libafterburner_ops.so"))
 
-from . import data, heap, nn, optim  # noqa: E402  (the ops must be loaded first)
+from . import data, heap, jit, nn, optim  # noqa: E402  (the ops must be loaded first)
 
-__all__ = ["data", "heap", "nn", "optim"]
+__all__ = ["data", "heap", "jit", "nn", "optim"]

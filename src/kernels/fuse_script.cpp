@@ -1,12 +1,15 @@
 #include <fmt/format.h>
 #include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/subgraph_matcher.h>
+#include <torch/csrc/jit/passes/constant_propagation.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/passes/subgraph_rewrite.h>
 #include <torch/csrc/jit/runtime/graph_iterator.h>
 
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "afterburner/kernels/fuse.h"
 
@@ -59,12 +62,34 @@ graph(%x, %weight, %bias):
   %y = afterburner::linear_relu(%x, %weight, %bias)
   return (%y))"};
 
+// torch.jit.trace records every convolution as aten::_convolution: a 2-D one (4-D input, as the
+// trace typed it) that is not transposed is conv2d.
+const Pattern kTracedConvRelu{R"(
+graph(%x, %weight, %bias, %stride, %padding, %dilation, %transposed, %output_padding, %groups, %benchmark,
+      %deterministic, %cudnn, %tf32):
+  %c = aten::_convolution(%x, %weight, %bias, %stride, %padding, %dilation, %transposed, %output_padding, %groups,
+                          %benchmark, %deterministic, %cudnn, %tf32)
+  %y = RELU(%c)
+  return (%y))",
+                              R"(
+graph(%x, %weight, %bias, %stride, %padding, %dilation, %transposed, %output_padding, %groups, %benchmark,
+      %deterministic, %cudnn, %tf32):
+  %y = afterburner::conv2d_relu(%x, %weight, %bias, %stride, %padding, %dilation, %groups)
+  return (%y))"};
+
+bool traced_conv2d(const jit::Match& match, const Values& values) {
+  const auto transposed = jit::toIValue(match.values_map.at(values.at("transposed")));
+  const auto input = match.values_map.at(values.at("x"))->type()->cast<c10::TensorType>();
+  return transposed && transposed->isBool() && !transposed->toBool() && input && input->dim() == 4;
+}
+
 // An in-place relu_ applied to a value nothing else reads is a relu; the conv2d overload taking
 // padding as a string ("same") has no fused form.
 bool fusable(const jit::Match& match, const Values& values) {
   if (values.count("padding") && !match.values_map.at(values.at("padding"))->type()->cast<c10::ListType>()) {
     return false;
   }
+  if (values.count("transposed") && !traced_conv2d(match, values)) return false;
   for (const char* relu_input : {"x", "c", "l"}) {
     auto found = values.find(relu_input);
     if (found == values.end()) continue;
@@ -83,32 +108,51 @@ int count(const std::shared_ptr<jit::Graph>& graph, c10::Symbol kind) {
   return n;
 }
 
-}  // namespace
-
-ScriptFuseResult fuse_forward(const torch::jit::Module& module) {
-  std::shared_ptr<jit::Graph> graph = module.get_method("forward").graph()->copy();
-  jit::Inline(*graph);  // submodules' forwards become part of this graph, so patterns span them
+// Inlines `graph` (submodules' forwards become part of it, so patterns span them) and rewrites
+// its fusable patterns in place, saying what it fused and what it left.
+void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fused,
+                std::vector<std::string>& notices) {
+  jit::Inline(*graph);
+  // Functional calls inline with their options' branches (F.relu's `if inplace:`, F.max_pool2d's
+  // `if stride is None:`): folding those on the now constant options exposes the ops themselves.
+  jit::ConstantPropagation(graph, /*ignore_custom_classes=*/true);
   // Pooling first: a relu between a conv2d and a max_pool2d goes with the pooling, which applies
   // it to a quarter of the values.
-  for (const Pattern* pattern : {&kReluMaxPool, &kConvRelu, &kLinearRelu}) {
+  for (const Pattern* pattern : {&kReluMaxPool, &kConvRelu, &kTracedConvRelu, &kLinearRelu}) {
     for (const char* relu : {"aten::relu", "aten::relu_"}) {
       jit::SubgraphRewriter rewriter;
       rewriter.RegisterRewritePattern(with_relu(pattern->pattern, relu), pattern->replacement);
       rewriter.runOnGraph(graph, fusable);
     }
   }
-  ScriptFuseResult result;
   for (const auto& [op, what] : {std::pair<const char*, const char*>{"afterburner::relu_max_pool2d", "relu + max_pool2d"},
                                  {"afterburner::conv2d_relu", "conv2d + relu"},
                                  {"afterburner::linear_relu", "linear + relu"}}) {
-    if (const int n = count(graph, c10::Symbol::fromQualString(op))) result.fused.push_back(fmt::format("{} x {}", n, what));
+    if (const int n = count(graph, c10::Symbol::fromQualString(op))) fused.push_back(fmt::format("{} x {}", n, what));
   }
   if (const int left = count(graph, c10::aten::relu) + count(graph, c10::aten::relu_)) {
-    result.notices.push_back(fmt::format("{} relu(s) left unfused: not after a conv2d or linear nor before a "
-                                         "max_pool2d, or their input has other uses",
-                                         left));
+    notices.push_back(fmt::format("{} relu(s) left unfused: not after a conv2d or linear nor before a max_pool2d, "
+                                  "or their input has other uses",
+                                  left));
   }
+}
+
+}  // namespace
+
+ScriptFuseResult fuse_forward(const torch::jit::Module& module) {
+  std::shared_ptr<jit::Graph> graph = module.get_method("forward").graph()->copy();
+  ScriptFuseResult result;
+  fuse_graph(graph, result.fused, result.notices);
   result.forward = std::make_shared<jit::GraphFunction>("forward_fused", graph, nullptr);
+  return result;
+}
+
+FusedScript fuse_script(const torch::jit::Module& module) {
+  // clone(inplace) gives the copy types of its own, so rewriting its forward leaves `module` and
+  // any module sharing its type as they were, and shares every parameter and buffer tensor.
+  FusedScript result{module.clone(/*inplace=*/true), {}, {}};
+  std::shared_ptr<jit::Graph> graph = result.module.get_method("forward").graph();  // the copy's own
+  fuse_graph(graph, result.fused, result.notices);
   return result;
 }
 

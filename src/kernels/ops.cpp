@@ -5,9 +5,11 @@
 // CPU kernel for calls below autograd (inference mode), which records nothing.
 #include <torch/library.h>
 
+#include "afterburner/core/error.h"
 #include "afterburner/kernels/conv_relu.h"
 #include "afterburner/kernels/cross_entropy.h"
 #include "afterburner/kernels/flat_optim.h"
+#include "afterburner/kernels/fuse.h"
 #include "afterburner/kernels/linear_relu.h"
 #include "afterburner/kernels/low_rank.h"
 #include "afterburner/kernels/relu_maxpool.h"
@@ -63,6 +65,16 @@ void adamw_step_op(at::TensorList params, at::TensorList grads, at::TensorList e
              torch::optim::AdamWOptions(lr).betas({beta1, beta2}).eps(eps).weight_decay(weight_decay));
 }
 
+std::tuple<c10::IValue, std::vector<std::string>, std::vector<std::string>> fuse_script_op(const c10::IValue& module) {
+  if (!module.isObject() || !module.toObject()->type()->is_module() ||
+      !module.toObject()->type()->findMethod("forward")) {
+    throw UsageError("module", "expected a TorchScript module with a forward (torch.jit.script or torch.jit.trace), "
+                               "got " + module.type()->repr_str());
+  }
+  FusedScript fused = fuse_script(torch::jit::Module(module.toObject()));
+  return {fused.module._ivalue(), std::move(fused.fused), std::move(fused.notices)};
+}
+
 // `op` with gradient recording off: the CPU kernel, reached only below autograd.
 template <auto op>
 struct WithoutGrad;
@@ -108,6 +120,9 @@ TORCH_LIBRARY(afterburner, m) {
   m.def("adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
         "int[] steps, float lr, float beta1, float beta2, float eps, float weight_decay) -> ()",
         adamw_step_op);
+  // A TorchScript module's copy with its forward fused (kernels::fuse_script), and what was fused
+  // and left: afterburner.jit.fuse.
+  m.def("fuse_script(Any module) -> (Any, str[], str[])", fuse_script_op);
 }
 
 }  // namespace afterburner::kernels

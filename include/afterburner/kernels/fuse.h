@@ -54,4 +54,14 @@ struct ScriptFuseResult {
 // ops. Parameters stay the module's: training through the result trains the module.
 ScriptFuseResult fuse_forward(const torch::jit::Module& module);
 
+// A copy of `module` (types of its own, the same parameter and buffer tensors) whose forward is
+// fused as fuse_forward's: calling, training or saving it runs the fused ops. Python's
+// afterburner.jit.fuse returns it (the op afterburner::fuse_script).
+struct FusedScript {
+  torch::jit::Module module;
+  std::vector<std::string> fused;    // e.g. "2 x relu + max_pool2d"
+  std::vector<std::string> notices;  // what stayed unfused
+};
+FusedScript fuse_script(const torch::jit::Module& module);
+
 }  // namespace afterburner::kernels

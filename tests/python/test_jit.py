@@ -1,0 +1,105 @@
+"""afterburner.jit.fuse on models written the way users write them (a custom forward with
+functional calls, BatchNorm, Dropout, an in-place relu, a no-bias layer, a tuple output), scripted
+and traced: the copy computes and trains as the module does, shares its parameters, leaves it
+unchanged, and saves to a file that loads."""
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from afterburner import jit
+
+
+class UserNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 8, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.conv3 = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = torch.nn.Linear(16 * 7 * 7, 32)
+        self.dropout = torch.nn.Dropout(0.3)
+        self.out = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn(self.conv1(x))), 2)
+        x = torch.relu(self.conv2(x))
+        x = F.max_pool2d(F.relu(self.conv3(x), inplace=True), kernel_size=2, stride=2)
+        features = F.relu(self.fc(torch.flatten(x, 1)))
+        return self.out(self.dropout(features)), features.mean()
+
+
+def compiled(kind, model):
+    if kind == "script":
+        return torch.jit.script(model)
+    return torch.jit.trace(model, torch.randn(2, 1, 28, 28), check_trace=False)  # Dropout differs call to call
+
+
+@pytest.mark.parametrize("kind", ["script", "trace"])
+@pytest.mark.parametrize("batch", [1, 3, 64])
+def test_fused_copy_computes_and_trains_as_the_module(kind, batch):
+    torch.manual_seed(0)
+    module = compiled(kind, UserNet())
+    code_before = module.code
+    fused, report = jit.fuse(module)
+    assert report.fused == ["2 x relu + max_pool2d", "1 x conv2d + relu", "1 x linear + relu"], report
+    assert "afterburner::" in str(fused.graph) and "afterburner::" not in str(module.inlined_graph)
+    assert module.code == code_before
+    assert all(a is b for a, b in zip(fused.parameters(), module.parameters()))
+    assert list(fused.state_dict()) == list(module.state_dict())
+    x = torch.randn(batch, 1, 28, 28)
+    for mode in ("eval", "train"):
+        getattr(fused, mode)(), getattr(module, mode)()
+        for _ in range(2):  # a second call gives the same answer
+            torch.manual_seed(1)  # the same dropout masks
+            got = fused(x)
+            got_grads = torch.autograd.grad(got[0].square().sum() + got[1], list(fused.parameters()))
+            torch.manual_seed(1)
+            want = module(x)
+            want_grads = torch.autograd.grad(want[0].square().sum() + want[1], list(module.parameters()))
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+            for g, w in zip(got_grads, want_grads):
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_training_the_copy_trains_the_module_and_the_file_it_saves_loads():
+    torch.manual_seed(0)
+    module = torch.jit.script(UserNet())
+    fused, _ = jit.fuse(module)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)  # built on the module's own tensors
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    loss = F.cross_entropy(fused(torch.randn(8, 1, 28, 28))[0], torch.randint(0, 10, (8,)))
+    loss.backward()
+    optimizer.step()
+    after = module.state_dict()
+    assert not torch.equal(after["fc.weight"], before["fc.weight"])
+    assert not torch.equal(after["bn.running_mean"], before["bn.running_mean"])  # BatchNorm's buffers shared
+    buffer = io.BytesIO()
+    torch.jit.save(fused.eval(), buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    x = torch.randn(4, 1, 28, 28)
+    torch.testing.assert_close(loaded(x), fused(x))
+    assert "afterburner::relu_max_pool2d" in str(loaded.inlined_graph)
+
+
+def test_what_does_not_fuse_is_said_and_bad_input_is_one_error():
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x))
+            return y + y.relu()  # y has other uses: its relu stays
+
+    module = torch.jit.script(Residual())
+    fused, report = jit.fuse(module)
+    assert report.notices == ["1 relu(s) left unfused: not after a conv2d or linear nor before a max_pool2d, "
+                              "or their input has other uses"]
+    x = torch.randn(2, 4, 5, 5)
+    torch.testing.assert_close(fused(x), module(x))
+    with pytest.raises(TypeError, match="expected a torch.jit.ScriptModule"):
+        jit.fuse(UserNet())
