@@ -1,11 +1,11 @@
 #!/usr/bin/python3
 """A Python training loop, plain and with afterburner's Python pieces swapped in, alternating
 in one run: bench/pytorch_train.py (the peer of every training benchmark) against itself with
---afterburner PIECES (fuse, loss, optim, heap; see its docstring). Prints training samples/s
+--afterburner PIECES (fuse, loss, optim, heap, loader; jit with --script: see its docstring). Prints training samples/s
 (median, min, max), test accuracy and the ratio, pair by pair, per precision.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python_train.py [--reps 3] [--precisions fp32,bf16]
-        [--pieces all] [--epochs 1] [--max-steps 0]
+        [--pieces all] [--epochs 1] [--max-steps 0] [--script]
 
 Both: cnn, batch 128, SGD lr 0.05 momentum 0.9, weight decay 5e-4, random crop, 2 threads,
 torch's DataLoader with 2 workers.
@@ -24,6 +24,8 @@ def peer(args, precision, report, pieces):
                "--epochs", str(args.epochs), "--threads", "2", "--workers", "2", "--report", report]
     if args.max_steps:
         command += ["--max-steps", str(args.max_steps)]
+    if args.script:
+        command += ["--script"]
     if pieces:
         command += ["--afterburner", pieces]
     return run_json(command, report, env=os.environ)
@@ -36,6 +38,7 @@ def main():
     parser.add_argument("--pieces", default="all", help="what --afterburner swaps in")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-steps", type=int, default=0)
+    parser.add_argument("--script", action="store_true", help="both train torch.jit.script(model)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         report = str(Path(tmp) / "report.json")

@@ -24,7 +24,8 @@ afterburner's Python package: --afterburner PIECES swaps its pieces into this sa
 comma-separated list of fuse (afterburner.nn.fuse on the model), loss
 (afterburner.nn.functional.cross_entropy), optim (afterburner.optim.FlatSGD), heap
 (afterburner.heap.keep_freed_memory), loader (afterburner.data.Loader with --workers threads and
-the same transforms, batched, instead of the DataLoader), or all. The package must be importable (installed, or
+the same transforms, batched, instead of the DataLoader), or all; with --script (training
+torch.jit.script(model)), jit (afterburner.jit.fuse on the scripted model). The package must be importable (installed, or
 PYTHONPATH=build/python).
 
 Timing matches afterburner's: a step runs from asking the DataLoader for a batch through
@@ -154,14 +155,16 @@ def schedule_factor(kind, step, total_steps, warmup_steps):
     return cosine(1.0, start / 1e4, min(1.0, (step - peak_step) / max(1.0, total - 1 - peak_step)))
 
 
-AFTERBURNER_PIECES = ("fuse", "loss", "optim", "heap", "loader")
+AFTERBURNER_PIECES = ("fuse", "loss", "optim", "heap", "loader")  # "all"
+SCRIPTED_PIECES = ("jit",)  # for --script
 
 
 def afterburner_pieces(text):
     pieces = set(AFTERBURNER_PIECES) if text == "all" else set(filter(None, text.split(",")))
-    unknown = pieces - set(AFTERBURNER_PIECES)
+    known = AFTERBURNER_PIECES + SCRIPTED_PIECES
+    unknown = pieces - set(known)
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown pieces {sorted(unknown)} (known: {', '.join(AFTERBURNER_PIECES)}, all)")
+        raise argparse.ArgumentTypeError(f"unknown pieces {sorted(unknown)} (known: {', '.join(known)}, all)")
     return pieces
 
 
@@ -183,6 +186,10 @@ class Trainer:
                 optimizer = afterburner.optim.FlatSGD
             if "heap" in args.afterburner:
                 afterburner.heap.keep_freed_memory()
+        if args.script:  # the scripted module shares the parameters the optimizer steps
+            self.model = torch.jit.script(self.model)
+            if "jit" in args.afterburner:
+                self.model = afterburner.jit.fuse(self.model)[0]
         self.optimizer = optimizer(model.parameters(), lr=args.lr, momentum=args.momentum,
                                    nesterov=args.nesterov, weight_decay=args.weight_decay)
         total_steps = steps_per_epoch * args.epochs
@@ -403,7 +410,8 @@ def parse_args(argv=None):
     p.add_argument("--max-steps", type=positive_int, metavar="N",
                    help="cut each epoch after N steps (accuracy is still measured)")
     p.add_argument("--afterburner", type=afterburner_pieces, default=set(), metavar="PIECES",
-                   help="afterburner's pieces swapped in: fuse,loss,optim,heap or all")
+                   help="afterburner's pieces swapped in: fuse,loss,optim,heap,loader or all; jit with --script")
+    p.add_argument("--script", action="store_true", help="train torch.jit.script(model), as TorchScript users do")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR,
                    help="directory holding the Fashion-MNIST IDX .gz files")
     p.add_argument("--report", type=Path, metavar="FILE",
@@ -413,6 +421,8 @@ def parse_args(argv=None):
 
 def main():
     args = parse_args()
+    if "jit" in args.afterburner and not args.script:
+        sys.exit("--afterburner jit: fuses a scripted model; add --script")
     result = run(args)
     if int(os.environ.get("RANK", "0")) != 0:
         return
