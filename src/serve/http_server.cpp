@@ -19,7 +19,8 @@
 #include "afterburner/serve/protocol.h"
 
 namespace afterburner::serve {
-namespace {
+// Named rather than anonymous: HttpServer::Impl, which has linkage, derives from Server.
+namespace http_detail {
 
 namespace net = boost::asio;
 namespace beast = boost::beast;
@@ -507,9 +508,9 @@ std::string Server::http_metrics() const {
   return text;
 }
 
-}  // namespace
+}  // namespace http_detail
 
-struct HttpServer::Impl : Server {
+struct HttpServer::Impl : http_detail::Server {
   using Server::Server;
 };
 
