@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from afterburner import jit
+from afterburner import jit, nn
 
 
 class UserNet(torch.nn.Module):
@@ -103,3 +103,6 @@ def test_what_does_not_fuse_is_said_and_bad_input_is_one_error():
     torch.testing.assert_close(fused(x), module(x))
     with pytest.raises(TypeError, match="expected a torch.jit.ScriptModule"):
         jit.fuse(UserNet())
+    # afterburner.nn.fuse, given a model with no Sequential, points here.
+    assert nn.fuse(UserNet()).notices == ["UserNet holds no torch.nn.Sequential, whose order is all fuse sees: "
+                                          "afterburner.jit.fuse(torch.jit.script(model)) fuses a forward of its own"]

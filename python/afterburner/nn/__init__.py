@@ -191,12 +191,16 @@ def fuse(module: torch.nn.Module) -> FuseReport:
     ReLU -> Conv2dReLU, Identity (not where that ReLU fuses with a following MaxPool2d instead).
     Layers are replaced position for position over the same parameter tensors, so the
     state_dict's keys and an optimizer built before fusing stay valid. Layers inside modules
-    with their own forward are left as they are: fuse only sees Sequential's order.
+    with their own forward are left as they are: fuse only sees Sequential's order (for those,
+    afterburner.jit.fuse rewrites the scripted forward).
     """
     report = FuseReport([], [])
-    for name, child in list(module.named_modules()):
-        if isinstance(child, torch.nn.Sequential):
-            _fuse_sequential(name, child, report)
+    sequentials = [(name, child) for name, child in module.named_modules() if isinstance(child, torch.nn.Sequential)]
+    for name, child in sequentials:
+        _fuse_sequential(name, child, report)
+    if not sequentials:
+        report.notices.append(f"{type(module).__name__} holds no torch.nn.Sequential, whose order is all fuse sees: "
+                              "afterburner.jit.fuse(torch.jit.script(model)) fuses a forward of its own")
     return report
 
 
