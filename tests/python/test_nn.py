@@ -119,6 +119,7 @@ def test_skconv2d_matches_panthers_definition(batch, in_ch, out_ch, height, widt
     assert {name for name, _ in layer.named_parameters()} == expected_keys - {"U1s"}
     x = torch.randn(batch, in_ch, height, width).to(memory_format=memory_format).requires_grad_()
     x_before = x.detach().clone()
+    state_before = {name: t.clone() for name, t in layer.state_dict().items()}
     params = [x] + list(layer.parameters())
     expected = skconv2d_reference(x, layer.S1s, layer.U1s, layer.bias, stride, padding)
     grad_out = torch.randn(expected.shape, dtype=torch.double)
@@ -130,6 +131,8 @@ def test_skconv2d_matches_panthers_definition(batch, in_ch, out_ch, height, widt
         for got, want in zip(torch.autograd.grad(y, params, grad_out.float()), expected_grads):
             torch.testing.assert_close(got.double(), want.double(), rtol=1e-4, atol=1e-3)
     assert torch.equal(x.detach(), x_before) and not layer.U1s.requires_grad
+    for name, tensor in layer.state_dict().items():  # forward and backward leave the layer's tensors as they were
+        assert torch.equal(tensor, state_before[name]), name
 
 
 def test_skconv2d_gradients_pass_gradcheck_in_double():
