@@ -151,4 +151,21 @@ TEST(FuseScript, PatternsAcrossSubmodulesAreFusedAndTheModuleIsLeftAsItWas) {
   }
 }
 
+TEST(FuseScript, ACopyRunsTheFusedForwardOverTheSameParameters) {
+  torch::jit::Module net = scripted_net();
+  FusedScript fused = fuse_script(net);
+  EXPECT_EQ(fused.fused, (std::vector<std::string>{"1 x relu + max_pool2d", "1 x conv2d + relu", "1 x linear + relu"}));
+  EXPECT_EQ(fused.notices.size(), 1u);
+  EXPECT_NE(fused.module.get_method("forward").graph()->toString().find("afterburner::conv2d_relu"), std::string::npos);
+  EXPECT_EQ(net.get_method("forward").graph()->toString().find("afterburner::"), std::string::npos);
+  const auto ours = fused.module.parameters(), theirs = net.parameters();
+  ASSERT_EQ(ours.size(), theirs.size());
+  for (auto a = ours.begin(), b = theirs.begin(); a != ours.end(); ++a, ++b) EXPECT_TRUE((*a).is_same(*b));
+  for (int call = 0; call < 4; ++call) {  // batch 1 and 3, each called twice
+    const torch::Tensor x = torch::randn({call < 2 ? 1 : 3, 1, 6, 6});
+    EXPECT_TRUE(torch::allclose(fused.module.forward({x}).toTensor(), net.forward({x}).toTensor(), 1e-5, 1e-5))
+        << "call " << call;
+  }
+}
+
 }  // namespace afterburner::kernels
