@@ -11,14 +11,22 @@ namespace afterburner::kernels {
 namespace nn = torch::nn;
 namespace {
 
-// Why a MaxPool2d cannot take the fused path, or "" when it can.
+// Why a MaxPool2d cannot become a ReluMaxPool2d, or "" when it can (which then runs its fast
+// path or, outside it, torch's relu + max_pool2d with the same options).
 std::string pool_unsupported(const nn::MaxPool2dOptions& o) {
   auto k = *o.kernel_size(), s = *o.stride(), p = *o.padding(), d = *o.dilation();
-  if (k[0] != k[1] || s[0] != s[1] || k[0] != s[0]) return "kernel and stride must be equal and square";
-  if (p[0] != 0 || p[1] != 0) return "padding is not supported";
-  if (d[0] != 1 || d[1] != 1) return "dilation is not supported";
-  if (o.ceil_mode()) return "ceil_mode is not supported";
+  if (k[0] != k[1] || s[0] != s[1] || p[0] != p[1] || d[0] != d[1]) {
+    return "windows must be square (kernel, stride, padding and dilation alike in both dimensions)";
+  }
   return "";
+}
+
+ReluMaxPool2dOptions relu_pool_options(const nn::MaxPool2dOptions& o) {
+  return ReluMaxPool2dOptions((*o.kernel_size())[0])
+      .stride((*o.stride())[0])
+      .padding((*o.padding())[0])
+      .dilation((*o.dilation())[0])
+      .ceil_mode(o.ceil_mode());
 }
 
 bool fusable_pool(const std::shared_ptr<nn::Module>& module) {
@@ -43,7 +51,7 @@ class Rewriter {
         std::string reason = pool_unsupported(pool->options);
         if (reason.empty()) {
           out->push_back(nn::Identity());
-          out->push_back(ReluMaxPool2d(ReluMaxPool2dOptions((*pool->options.kernel_size())[0])));
+          out->push_back(ReluMaxPool2d(relu_pool_options(pool->options)));
           result_.fused.push_back("layers " + where + ": ReLU + MaxPool2d -> ReluMaxPool2d");
           ++i;
           continue;

@@ -56,15 +56,31 @@ TEST(Fuse, FusedModelComputesTheSameValuesAndGradients) {
 }
 
 TEST(Fuse, UnsupportedPoolingIsLeftAloneWithANotice) {
-  nn::Sequential model(nn::ReLU(), nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2)), nn::Flatten());
+  nn::Sequential model(nn::ReLU(), nn::MaxPool2d(nn::MaxPool2dOptions({3, 2}).stride(2)), nn::Flatten());
   auto result = fuse(model);
   EXPECT_TRUE(result.fused.empty());
   ASSERT_EQ(result.notices.size(), 1u);
   EXPECT_TRUE(testing::Contains(result.notices[0], "0-1"));
-  EXPECT_TRUE(testing::Contains(result.notices[0], "stride"));
+  EXPECT_TRUE(testing::Contains(result.notices[0], "square"));
   EXPECT_EQ(result.notices[0].find('\n'), std::string::npos);
   auto x = torch::randn({2, 3, 9, 9});
   EXPECT_TRUE(torch::equal(result.model->forward(x), model->forward(x)));
+}
+
+// Square windows with any stride, padding, dilation or ceil_mode fuse, as the op takes them.
+TEST(Fuse, SquarePoolingWithOtherOptionsFusesToTheSameValues) {
+  for (const auto& options : {nn::MaxPool2dOptions(3).stride(2), nn::MaxPool2dOptions(3).stride(1).padding(1),
+                              nn::MaxPool2dOptions(2).dilation(2).ceil_mode(true)}) {
+    nn::Sequential model{nn::ReLU(), nn::MaxPool2d(options), nn::Flatten()};
+    auto result = fuse(model);
+    EXPECT_EQ(result.fused.size(), 1u);
+    EXPECT_TRUE(result.notices.empty());
+    for (int64_t batch : {1, 3}) {
+      auto x = torch::randn({batch, 3, 9, 9});
+      EXPECT_TRUE(torch::equal(result.model->forward(x), model->forward(x)));
+      EXPECT_TRUE(torch::equal(result.model->forward(x), model->forward(x))) << "a second call";
+    }
+  }
 }
 
 // A ReLU between a convolution and a fusable pooling goes with the pooling (pooling first
