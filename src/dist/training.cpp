@@ -35,7 +35,9 @@ std::optional<train::TrainReport> run_training(const train::TrainConfig& config)
   if (config.nproc == 1 && config.nnodes == 1) return train::run_training(config);
   // Once, here, rather than once per rank: a bad option or model file is one line, not one per rank.
   train::validate(config);
-  if (train::is_model_file(config.model)) train::load_user_model(config, /*data_parallel=*/true);
+  if (train::is_model_file(config.model)) {
+    train::load_user_model(config, train::load_training_data(config), /*data_parallel=*/true);
+  }
   launch_local_ranks(current_command(), LaunchOptions()
                                             .nproc(config.nproc)
                                             .nnodes(config.nnodes)

@@ -165,7 +165,7 @@ bool is_model_file(const std::string& model) {
   return model.find('/') != std::string::npos || (model.size() > 3 && model.compare(model.size() - 3, 3, ".pt") == 0);
 }
 
-torch::jit::Module load_user_model(const TrainConfig& config, bool data_parallel) {
+torch::jit::Module load_user_model(const TrainConfig& config, const TrainingData& data, bool data_parallel) {
   if (config.sketch) throw UsageError("--sketch", "sketches zoo models; " + config.model + " is trained as written");
   if (!config.checkpoint_layers.empty()) {
     throw UsageError("--checkpoint-layers", "applies to zoo models; " + config.model + " is trained as written");
@@ -182,6 +182,8 @@ torch::jit::Module load_user_model(const TrainConfig& config, bool data_parallel
     throw UsageError("--nproc", config.model + " has BatchNorm layers, which would normalise each rank's batch "
                                                 "alone (SyncBatchNorm replaces only the zoo's): train it in one process");
   }
+  Model plain(script);
+  check_model_fits(plain, data, config.model, config.channels_last);  // a file is never the zoo's mlp
   script.train();
   return script;
 }
@@ -216,8 +218,7 @@ struct TrainingSession::Parts {
 
   int threads() const { return config.threads > 0 ? static_cast<int>(config.threads) : available_cores(); }
   Model zoo_model(const TrainConfig& config, const TrainingData& data, const DataParallelism& parallel);
-  Model user_model(const TrainConfig& config, const TrainingData& data, const DataParallelism& parallel,
-                   bool channels_last);
+  Model user_model(const TrainConfig& config, const TrainingData& data, const DataParallelism& parallel);
   void run_steps(const std::function<bool(int64_t)>& next, const std::function<std::optional<double>(int64_t)>& lr,
                  const std::function<void(int64_t, double, int64_t)>& done);
 };
@@ -245,11 +246,9 @@ Model TrainingSession::Parts::zoo_model(const TrainConfig& config, const Trainin
 // returns the model the trainer runs: its forward fused where the graph allows (the module
 // itself, which is exported, stays as written).
 Model TrainingSession::Parts::user_model(const TrainConfig& config, const TrainingData& data,
-                                         const DataParallelism& parallel, bool channels_last) {
-  script = load_user_model(config, parallel.replicate != nullptr);
-  Model plain(*script);
-  check_model_fits(plain, data, config.model, channels_last);
-  if (!config.fuse) return plain;
+                                         const DataParallelism& parallel) {
+  script = load_user_model(config, data, parallel.replicate != nullptr);
+  if (!config.fuse) return Model(*script);
   const kernels::ScriptFuseResult fused = kernels::fuse_forward(*script);
   for (const auto& line : fused.fused) fmt::print(stderr, "afterburner: fused {} in {}\n", line, config.model);
   for (const auto& notice : fused.notices) fmt::print(stderr, "afterburner: {}: {}\n", config.model, notice);
@@ -278,7 +277,7 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   data::LoaderOptions loader_options;  // not a copy of a temporary: GCC 12 then warns of its optional shard
   loader_options.batch_size(config.batch_size).prefetch(config.prefetch).seed(config.seed).channels_last(channels_last);
   LossFunction loss = config.fuse ? LossFunction(kernels::cross_entropy) : plain_cross_entropy();
-  Model trained = is_model_file(config.model) ? p.user_model(config, data, parallel, channels_last)
+  Model trained = is_model_file(config.model) ? p.user_model(config, data, parallel)
                                              : p.zoo_model(config, data, parallel);
   if (channels_last) to_channels_last(trained);
   std::shared_ptr<Replicas> replicas = parallel.replicate ? parallel.replicate(trained) : nullptr;

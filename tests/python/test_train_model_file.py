@@ -121,6 +121,9 @@ def test_models_that_do_not_fit_are_one_clear_line(tmp_path):
     run = train("--model", saved(UserCnn(), tmp_path / "bn.pt"), "--nproc", 2, "--max-steps", 5, expect=2)
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "--nproc: " + str(tmp_path / "bn.pt") + " has BatchNorm layers" in lines[0]
+    run = train("--model", narrow, "--nproc", 2, "--max-steps", 5, expect=2)
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--model: {narrow}: its forward returns [2, 5]" in lines[0]
     frozen = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10)).requires_grad_(False)
     run = train("--model", saved(frozen, tmp_path / "frozen.pt"), expect=2)
     assert "frozen.pt: none of its parameters requires grad, so there is nothing to train" in run.stderr

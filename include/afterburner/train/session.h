@@ -35,10 +35,12 @@ struct TrainingData {
 // than a zoo model.
 bool is_model_file(const std::string& model);
 
-// The TorchScript file config.model names, loaded to be trained in place. Throws UsageError naming
-// the file or flag when it cannot be: unreadable, nothing requires grad, a zoo-only option given,
-// or BatchNorm in a `data_parallel` job. A launcher calls it once before starting its ranks.
-torch::jit::Module load_user_model(const TrainConfig& config, bool data_parallel);
+// The TorchScript file config.model names, loaded to be trained in place, after one forward of
+// two of `data`'s training images (in evaluation mode). Throws UsageError naming the file or flag
+// when it cannot be: unreadable, nothing requires grad, a zoo-only option given, BatchNorm in a
+// `data_parallel` job, or a forward that fails or does not give one logit per class. A launcher
+// calls it once before starting its ranks.
+torch::jit::Module load_user_model(const TrainConfig& config, const TrainingData& data, bool data_parallel);
 
 // Reads config.data and splits off config.validation_split. Throws UsageError / DataError naming
 // the file or flag.
