@@ -214,7 +214,7 @@ OptimizeResult optimize(const Module& model, const OptimizeOptions& options) {
   if (!model.find_method("forward")) throw Error("optimize: the model has no forward method");
   OptimizeResult result;
   auto& passes = result.passes;
-  Module working = model.clone();
+  Module working = copy_model(model);
   working.eval();
   if (options.precision() == Precision::bf16) {
     working = wrap_in_bfloat16(working);
@@ -246,7 +246,7 @@ OptimizeResult optimize(const Module& model, const OptimizeOptions& options) {
 }
 
 Module prepare_for_inference(const Module& optimized) {
-  Module copy = optimized.clone();
+  Module copy = copy_model(optimized);
   Module prepared = torch::jit::optimize_for_inference(copy);
   auto graph = prepared.get_method("forward").graph();
   route_matmuls_to_onednn(graph);

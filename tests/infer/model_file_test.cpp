@@ -7,6 +7,7 @@
 
 #include "test_models.h"
 #include "testing.h"
+#include "user_models.h"
 
 namespace afterburner::testing {
 namespace {
@@ -77,6 +78,40 @@ TEST(ModelFile, UnwritablePathIsNamedAndLeavesNothing) {
   auto message = error_message<infer::ModelError>([&] { infer::save_model(conv_bn_dropout_model(), path.string()); });
   expect_names_file_in_one_line(message, path);
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+// shared_weights_flat, as Python saved it: two Linear layers holding one weight Parameter, and
+// every parameter and buffer a view of one storage.
+TEST(ModelFile, CopyKeepsTiesAndViewsAndSharesNothing) {
+  const UserModel& user = user_model("shared_weights_flat");
+  auto original = infer::load_model(user.file.string());
+  const auto before = original.named_parameters();
+  std::vector<torch::Tensor> saved;
+  for (const auto& parameter : before) saved.push_back(parameter.value.clone());
+
+  auto copy = infer::copy_model(original);
+  auto x = user.batches.at(7).inputs.at(0);
+  EXPECT_TRUE(torch::equal(copy.forward({x}).toTensor(), original.forward({x}).toTensor()));
+  const auto parameters = copy.named_parameters();
+  ASSERT_EQ(parameters.size(), before.size());
+  const auto& first = copy.attr("first").toModule().attr("weight").toTensor();
+  EXPECT_TRUE(first.is_same(copy.attr("second").toModule().attr("weight").toTensor())) << "the tie is kept";
+  const auto storage = (*parameters.begin()).value.storage().unsafeGetStorageImpl();
+  size_t i = 0;
+  for (const auto& parameter : parameters) {
+    const torch::Tensor& original_parameter = saved.at(i++);
+    EXPECT_TRUE(torch::equal(parameter.value, original_parameter)) << parameter.name;
+    EXPECT_EQ(parameter.value.storage().unsafeGetStorageImpl(), storage) << parameter.name << " in the one new storage";
+    EXPECT_TRUE(parameter.value.requires_grad()) << parameter.name;
+  }
+  // The copy's storage is its own: writing through it leaves the original as it was.
+  torch::NoGradGuard no_grad;
+  for (const auto& parameter : parameters) parameter.value.fill_(7);
+  i = 0;
+  for (const auto& parameter : before) {
+    EXPECT_TRUE(torch::equal(parameter.value, saved.at(i++))) << parameter.name;
+    EXPECT_NE(parameter.value.storage().unsafeGetStorageImpl(), storage) << parameter.name;
+  }
 }
 
 }  // namespace

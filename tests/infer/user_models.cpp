@@ -41,7 +41,7 @@ const std::vector<std::string>& user_model_names() {
     std::vector<std::string> all;
     for (const char* base : {"cnn", "residual", "concat", "two_inputs", "two_outputs", "bn_dropout", "linear_no_bias",
                              "sequence", "embedding", "shared_weights"}) {
-      for (const char* variant : {"scripted", "traced"}) all.push_back(fmt::format("{}_{}", base, variant));
+      for (const char* variant : {"scripted", "traced", "flat"}) all.push_back(fmt::format("{}_{}", base, variant));
     }
     return all;
   }();

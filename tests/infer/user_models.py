@@ -6,7 +6,10 @@ run through every path of afterburner.
 Generate mode:
     /usr/bin/python3 tests/infer/user_models.py DIR
   For each model NAME below (default init right after torch.manual_seed(0), eval mode) it writes
-    DIR/NAME.pt           torch.jit.script(model), or torch.jit.trace(model, inputs) for *_traced
+    DIR/NAME.pt           torch.jit.script(model), or torch.jit.trace(model, inputs) for *_traced,
+                          or for *_flat torch.jit.script(model) with every parameter and buffer a
+                          view of one storage (as a flat optimizer's buffer holds them, and as
+                          `afterburner train --model` exports them)
     DIR/NAME_io.pt        a TorchScript module with no methods and float32/int64 buffers, for
                           every batch size B in 1, 2, 7, 64:
                             batchB_inputI   forward's I-th argument, B rows (the first B of 64)
@@ -161,6 +164,23 @@ class SharedWeights(nn.Module):
         return self.head(torch.relu(self.second(torch.relu(self.first(x)))))
 
 
+def share_one_storage(model):
+    """Every parameter and buffer of `model` re-pointed into one flat buffer, each at an offset
+    rounded up to 16 elements; tied parameters stay tied. Saved, the file holds one storage."""
+    tensors = list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
+    offsets, size = [], 0
+    for tensor in tensors:
+        offsets.append(size)
+        size += (tensor.numel() + 15) // 16 * 16
+    flat = torch.zeros(size)
+    with torch.no_grad():
+        for tensor, offset in zip(tensors, offsets):
+            view = flat[offset:offset + tensor.numel()].view_as(tensor)
+            view.copy_(tensor)
+            tensor.data = view
+    return model
+
+
 def float_input(*shape):
     return lambda rows: torch.randn(rows, *shape)
 
@@ -170,7 +190,8 @@ def token_input(vocabulary, length):
 
 
 def corpus():
-    """name -> (builder, [input maker per forward argument]); each is scripted and traced."""
+    """name -> (builder, [input maker per forward argument]); each is scripted, traced and
+    scripted over one storage."""
     bn_dropout = lambda: randomize_batch_norm(nn.Sequential(  # noqa: E731
         nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.3), nn.Flatten(),
         nn.Linear(8 * 6 * 6, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 10)))
@@ -215,12 +236,14 @@ def generate(out):
     out.mkdir(parents=True, exist_ok=True)
     names = []
     for base, (build, makers) in corpus().items():
-        for variant in ("scripted", "traced"):
+        for variant in ("scripted", "traced", "flat"):
             torch.manual_seed(SEED)
             model = build().eval()
             inputs = [make(max(BATCH_SIZES)) for make in makers]
             if variant == "scripted":
                 compiled = torch.jit.script(model)
+            elif variant == "flat":
+                compiled = torch.jit.script(share_one_storage(model))
             else:
                 compiled = torch.jit.trace(model, tuple(x[:2] for x in inputs))
             name = f"{base}_{variant}"

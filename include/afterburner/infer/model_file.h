@@ -2,6 +2,7 @@
 //
 //   auto model = afterburner::infer::load_model("cnn.pt");   // throws ModelError naming the file
 //   afterburner::infer::save_model(model, "cnn-opt.pt");     // tmp file + rename: all or nothing
+//   auto mine = afterburner::infer::copy_model(model);        // a deep copy passes may rewrite
 #pragma once
 
 #include <torch/csrc/jit/api/module.h>
@@ -25,5 +26,13 @@ torch::jit::Module load_model(const std::string& path);
 // Writes through a temporary file renamed over `path` (core/file_writer.h), so a reader never
 // sees a partial file and a failed write leaves `path` as it was. Throws ModelError naming `path`.
 void save_model(const torch::jit::Module& model, const std::string& path);
+
+// A deep copy: types, submodules and tensors of its own, each tensor aliasing the copy's others
+// exactly as the original's alias each other (tied weights stay one tensor; views of one
+// storage, as a flat optimizer's parameters or a file saved from them, stay views of one new
+// storage). Module::clone() is not that: LibTorch's IValue::deepcopy memoises tensors by their
+// storage, so two parameters sharing a storage come back as one (a file whose parameters are
+// views of one buffer had each bias replaced by its layer's weight).
+torch::jit::Module copy_model(const torch::jit::Module& model);
 
 }  // namespace afterburner::infer
