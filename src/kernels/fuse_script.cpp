@@ -3,7 +3,6 @@
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/subgraph_matcher.h>
 #include <torch/csrc/jit/passes/constant_propagation.h>
-#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/passes/subgraph_rewrite.h>
 #include <torch/csrc/jit/runtime/graph_iterator.h>
 
@@ -108,11 +107,45 @@ int count(const std::shared_ptr<jit::Graph>& graph, c10::Symbol kind) {
   return n;
 }
 
+// The function a prim::CallMethod or prim::CallFunction node calls, if it has a graph.
+jit::GraphFunction* callee(const jit::Node* node) {
+  if (node->kind() == c10::prim::CallMethod) {
+    const auto type = node->input(0)->type()->cast<c10::ClassType>();
+    return type ? jit::tryToGraphFunction(type->getMethod(node->s(c10::attr::name))) : nullptr;
+  }
+  if (node->kind() == c10::prim::CallFunction) {
+    const auto type = node->input(0)->type()->cast<c10::FunctionType>();
+    return type ? jit::tryToGraphFunction(*type->function()) : nullptr;
+  }
+  return nullptr;
+}
+
+// Replaces each call in `block` by the callee's own graph; true if it replaced any.
+bool inline_calls(jit::Block* block) {
+  bool inlined = false;
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    jit::Node* node = *it++;
+    if (jit::GraphFunction* function = callee(node)) {
+      if (node->kind() == c10::prim::CallFunction) node->removeInput(0);  // the function itself
+      jit::inlineCallTo(node, function, function->graph().get());
+      inlined = true;
+    } else {
+      for (jit::Block* inner : node->blocks()) inlined = inline_calls(inner) || inlined;
+    }
+  }
+  return inlined;
+}
+
 // Inlines `graph` (submodules' forwards become part of it, so patterns span them) and rewrites
 // its fusable patterns in place, saying what it fused and what it left.
 void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fused,
                 std::vector<std::string>& notices) {
-  jit::Inline(*graph);
+  // Not jit::Inline: it inlines each callee's optimized_graph(), which LibTorch caches at the
+  // callee's first run and leaves un-inlined when that run had the executor's optimizations off
+  // (train::Model's forward turns them off), so the patterns would not show. Callees' own graphs
+  // hold calls in turn: inline until none is left.
+  while (inline_calls(graph->block())) {
+  }
   // Functional calls inline with their options' branches (F.relu's `if inplace:`, F.max_pool2d's
   // `if stride is None:`): folding those on the now constant options exposes the ops themselves.
   jit::ConstantPropagation(graph, /*ignore_custom_classes=*/true);

@@ -1,5 +1,6 @@
 #include "afterburner/train/model.h"
 
+#include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include "afterburner/core/error.h"
 
@@ -37,6 +38,12 @@ Model::Model(torch::jit::Module script, std::shared_ptr<torch::jit::Function> fo
 
 torch::Tensor Model::forward(const torch::Tensor& input) const {
   if (!script_) return forward_(input);
+  // TorchScript's optimizing executor profiles a function's first call and differentiates
+  // later ones with its own autodiff, whose backward formulas round differently from
+  // autograd's: a run resumed in a new process took its first step unlike the uninterrupted
+  // run (which had profiled at step 1), and drifted. Unoptimized, every call runs LibTorch's
+  // autograd, and the gradients are bitwise those of the same module in eager Python.
+  torch::jit::GraphOptimizerEnabledGuard autograd_as_eager(false);
   c10::IValue output = script_forward_ ? (*script_forward_)({script_->_ivalue(), input}) : script_->forward({input});
   if (!output.isTensor()) {
     throw UsageError("model", "its forward returns " + output.tagKind() + ", expected one Tensor of logits");
