@@ -1,8 +1,11 @@
-// afterburner train: train a zoo model and print the final report.
+// afterburner train: train a model and print the final report; Ctrl-C stops after the step in
+// progress, keeps the run (checkpoint, model, report) and exits 130.
 #include <iostream>
 #include <memory>
 
 #include "afterburner/dist/training.h"
+#include "afterburner/train/interrupt.h"
+#include "afterburner/train/run.h"
 #include "commands.h"
 #include "config_options.h"
 
@@ -15,12 +18,19 @@ Command add_train_command(CLI::App& app) {
   auto print_config = std::make_shared<bool>(false);
   sub->add_flag("--print-config", *print_config, "print the resolved options as TOML for --config, and exit");
   return {sub, [options, print_config] {
+            const train::TrainConfig config = options->resolve();
             if (*print_config) {
-              std::cout << train::to_toml(options->resolve());
+              std::cout << train::to_toml(config);
               return 0;
             }
-            if (auto report = dist::run_training(options->resolve())) std::cout << report->summary();
-            return 0;
+            train::StopOnInterrupt stop_on_ctrl_c;
+            const auto report = dist::run_training(config);
+            if (!report) return 0;
+            std::cout << report->summary();
+            if (report->stop_reason != "interrupted") return 0;
+            std::cerr << "afterburner: interrupted after step " << report->steps << "; " << train::kept(config, *report)
+                      << "\n";
+            return 130;
           }};
 }
 

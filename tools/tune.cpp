@@ -1,30 +1,17 @@
 // afterburner tune: which techniques make this model train faster here, and a configuration.
 #include <fmt/format.h>
 
-#include <atomic>
-#include <csignal>
 #include <iostream>
 #include <memory>
 
 #include "afterburner/train/config.h"
+#include "afterburner/train/interrupt.h"
 #include "afterburner/tune/tune.h"
 #include "commands.h"
 #include "config_options.h"
 
 namespace afterburner::tools {
 namespace {
-
-std::atomic<bool> interrupted{false};
-
-// Ctrl-C ends the current measurement and keeps the trials that finished; a second one kills.
-class InterruptGuard {
- public:
-  InterruptGuard() { previous_ = std::signal(SIGINT, [](int) { interrupted = true; std::signal(SIGINT, SIG_DFL); }); }
-  ~InterruptGuard() { std::signal(SIGINT, previous_); }
-
- private:
-  void (*previous_)(int);
-};
 
 struct TuneFlags {
   double time_budget = 300;
@@ -60,13 +47,13 @@ Command add_tune_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--rounds", flags->rounds, "alternating pairs per trial")->check(CLI::Range(1, 100))->capture_default_str();
   return {sub, [options, flags] {
-            InterruptGuard guard;
+            train::StopOnInterrupt stop_on_ctrl_c;  // ends the current measurement, keeps the finished trials
             auto tune_options = tune::TuneOptions()
                                     .time_budget(flags->time_budget)
                                     .rounds(flags->rounds)
                                     .memory_budget_mb(flags->memory_budget_mb)
                                     .lr_find(flags->lr_find)
-                                    .stop(&interrupted)
+                                    .stop(&train::interrupt_requested())
                                     .log([](const std::string& line) { std::cerr << "afterburner: tune: " << line << "\n"; });
             auto result = flags->objective == "throughput" ? tune::tune_throughput(options->resolve(), tune_options)
                                                            : tune::tune_time_to_accuracy(options->resolve(), tune_options);

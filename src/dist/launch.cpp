@@ -35,8 +35,10 @@ constexpr auto kKillAfterTerm = std::chrono::seconds(5);
 constexpr int kMaxRanks = 1024;
 pid_t rank_pids[kMaxRanks];
 volatile sig_atomic_t rank_count = 0;
+volatile sig_atomic_t interrupted = 0;  // a SIGINT was forwarded
 
 void forward_signal(int signal) {
+  if (signal == SIGINT) interrupted = 1;
   for (int i = 0; i < rank_count; ++i) {
     if (rank_pids[i] > 0) kill(rank_pids[i], signal);
   }
@@ -46,6 +48,7 @@ void forward_signal(int signal) {
 class ForwardSignals {
  public:
   ForwardSignals() {
+    interrupted = 0;
     struct sigaction action {};
     action.sa_handler = forward_signal;
     sigemptyset(&action.sa_mask);
@@ -200,6 +203,7 @@ void launch_local_ranks(const std::vector<std::string>& command, const LaunchOpt
   }
   const int64_t first_rank = options.node_rank() * options.nproc();
   std::optional<std::string> failure;
+  bool stopped_by_interrupt = true;  // every rank that failed exited 130, as train does after Ctrl-C
   constexpr auto kNever = std::chrono::steady_clock::time_point::max();
   auto terminate_at = kNever, kill_at = kNever;
   for (int64_t running = options.nproc(); running > 0;) {
@@ -207,6 +211,7 @@ void launch_local_ranks(const std::vector<std::string>& command, const LaunchOpt
       int status = 0;
       if (rank_pids[local] == 0 || waitpid(rank_pids[local], &status, WNOHANG) != rank_pids[local]) continue;
       --running;
+      if (failed(status)) stopped_by_interrupt = stopped_by_interrupt && WIFEXITED(status) && WEXITSTATUS(status) == 130;
       if (failed(status) && !failure) {
         failure = fmt::format("rank {} (pid {}) {}", first_rank + local, rank_pids[local], describe_end(status));
         terminate_at = std::chrono::steady_clock::now() + options.grace();
@@ -226,6 +231,9 @@ void launch_local_ranks(const std::vector<std::string>& command, const LaunchOpt
       kill_at = kNever;
     }
     std::this_thread::sleep_for(kPollInterval);
+  }
+  if (failure && interrupted && stopped_by_interrupt) {
+    throw Interrupted("the job stopped after Ctrl-C; rank 0 said above what it kept");
   }
   if (failure) throw DistError(*failure + "; the job stopped");
 }

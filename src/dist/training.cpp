@@ -62,12 +62,11 @@ std::optional<train::TrainReport> train_rank(const train::TrainConfig& config, G
     auto report = train::run_training(rank_config, parallel);
     if (group.rank != 0) return std::nullopt;
     return report;
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {  // c10d's, when another rank is gone or stalled
+  } catch (const std::exception& e) {  // c10d's when another rank is gone or stalled, as the step it stopped
     const std::string silent = heartbeat.silent_ranks();
-    const std::string reason = silent.empty() ? first_line(e) : fmt::format("{} ({})", silent, first_line(e));
-    throw DistError(fmt::format("rank {}: training stopped: {}", group.rank, reason));
+    if (!silent.empty()) throw DistError(fmt::format("rank {}: training stopped: {} ({})", group.rank, silent, first_line(e)));
+    if (dynamic_cast<const Error*>(&e)) throw;
+    throw DistError(fmt::format("rank {}: training stopped: {}", group.rank, first_line(e)));
   }
 }
 

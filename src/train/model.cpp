@@ -2,10 +2,30 @@
 
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
+#include <unordered_set>
+
 #include "afterburner/core/error.h"
 
 namespace afterburner::train {
 namespace {
+
+// TorchScript's executor profiles a function's first call (getNumProfiledRuns(): 1) and runs
+// later ones on a plan optimized from that profile, whose derivatives round unlike the
+// profiled run's: a run resumed in a new process took its first step unlike the uninterrupted
+// run (which had profiled at step 1) and drifted. Without profiling every call, the first
+// included, runs the same plan, with the executor's autocast pass (LayerNorm needs it under
+// bf16: LibTorch 1.13's eager CPU autocast hands it bfloat16 inputs and float32 weights). The
+// count is read when a function first runs.
+class WithoutProfiledRuns {
+ public:
+  WithoutProfiledRuns() : previous_(torch::jit::getNumProfiledRuns().exchange(0)) {}
+  ~WithoutProfiledRuns() { torch::jit::getNumProfiledRuns() = previous_; }
+  WithoutProfiledRuns(const WithoutProfiledRuns&) = delete;
+  WithoutProfiledRuns& operator=(const WithoutProfiledRuns&) = delete;
+
+ private:
+  size_t previous_;
+};
 
 template <typename Named>
 std::vector<std::pair<std::string, torch::Tensor>> pairs(const Named& named) {
@@ -38,12 +58,7 @@ Model::Model(torch::jit::Module script, std::shared_ptr<torch::jit::Function> fo
 
 torch::Tensor Model::forward(const torch::Tensor& input) const {
   if (!script_) return forward_(input);
-  // TorchScript's optimizing executor profiles a function's first call and differentiates
-  // later ones with its own autodiff, whose backward formulas round differently from
-  // autograd's: a run resumed in a new process took its first step unlike the uninterrupted
-  // run (which had profiled at step 1), and drifted. Unoptimized, every call runs LibTorch's
-  // autograd, and the gradients are bitwise those of the same module in eager Python.
-  torch::jit::GraphOptimizerEnabledGuard autograd_as_eager(false);
+  const WithoutProfiledRuns same_plan_from_the_first_call;
   c10::IValue output = script_forward_ ? (*script_forward_)({script_->_ivalue(), input}) : script_->forward({input});
   if (!output.isTensor()) {
     throw UsageError("model", "its forward returns " + output.tagKind() + ", expected one Tensor of logits");
@@ -52,16 +67,25 @@ torch::Tensor Model::forward(const torch::Tensor& input) const {
 }
 
 std::vector<torch::Tensor> Model::parameters() const {
-  if (!script_) return module_->parameters();
   std::vector<torch::Tensor> out;
-  for (const auto& parameter : script_->parameters()) out.push_back(parameter);
+  for (auto& [name, parameter] : named_parameters()) out.push_back(std::move(parameter));
   return out;
 }
 
+// Each parameter once, by its first name, as torch.nn.Module.named_parameters() lists them: a
+// weight tied between two layers is one tensor to step (LibTorch's own lists repeat it).
 std::vector<std::pair<std::string, torch::Tensor>> Model::named_parameters() const {
-  if (script_) return pairs(script_->named_parameters());
+  std::vector<std::pair<std::string, torch::Tensor>> all;
+  if (script_) {
+    all = pairs(script_->named_parameters());
+  } else {
+    for (const auto& item : module_->named_parameters()) all.emplace_back(item.key(), item.value());
+  }
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& item : module_->named_parameters()) out.emplace_back(item.key(), item.value());
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (auto& item : all) {
+    if (seen.insert(item.second.unsafeGetTensorImpl()).second) out.push_back(std::move(item));
+  }
   return out;
 }
 

@@ -44,6 +44,8 @@ nlohmann::json TrainReport::to_json() const {
                    {"peak_tensor_mb", peak_tensor_mb},
                    {"stop_reason", stop_reason},
                    {"timing", timing}};
+  if (!error.empty()) j["error"] = error;
+  j["checkpointed_step"] = checkpointed_step ? nlohmann::json(*checkpointed_step) : nlohmann::json(nullptr);
   if (train_seconds_to_target) j["train_seconds_to_target"] = *train_seconds_to_target;
   if (samples_to_target) j["samples_to_target"] = *samples_to_target;
   if (communication) {
@@ -65,7 +67,11 @@ std::string TrainReport::summary() const {
     text += fmt::format("communication      {:.2f} ms per step, {:.0f}% hidden behind backward\n",
                         communication->ms_per_step, 100 * hidden_share(*communication));
   }
-  text += fmt::format("{:<18} {:.4f}", evaluated_on + " accuracy", test_accuracy);
+  if (evaluations.empty() && test_accuracy_per_epoch.empty()) {
+    text += fmt::format("{:<18} not evaluated", evaluated_on + " accuracy");
+  } else {
+    text += fmt::format("{:<18} {:.4f}", evaluated_on + " accuracy", test_accuracy);
+  }
   if (!test_accuracy_per_epoch.empty()) {
     text += fmt::format(" (per epoch: {:.4f})", fmt::join(test_accuracy_per_epoch, ", "));
   }
@@ -77,7 +83,7 @@ std::string TrainReport::summary() const {
   text += fmt::format("schedule           {}\n", schedule);
   text += fmt::format("evaluation         {} evaluations, {:.1f} s (not in the training time)\n", evaluations.size(),
                       eval_seconds);
-  text += fmt::format("stopped            {}\n", stop_reason);
+  text += fmt::format("stopped            {}\n", error.empty() ? stop_reason : stop_reason + ": " + error);
   if (skipped_steps > 0) text += fmt::format("skipped steps      {}\n", skipped_steps);
   text += "time per step      phase       total s   mean ms  median ms   share\n";
   for (size_t i = 0; i < profile::kPhaseCount; ++i) {

@@ -2,11 +2,14 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <filesystem>
 
 #include "afterburner/core/error.h"
 #include "afterburner/core/file_writer.h"
 #include "afterburner/train/session.h"
+#include "afterburner/train/trainer.h"
 
 namespace afterburner::train {
 namespace {
@@ -23,6 +26,25 @@ void write_report(const TrainReport& report, const std::string& path) {
   write_file_atomically(path, report.to_json().dump(2) + '\n');
 }
 
+// The model and the report, also of a run that failed or was interrupted: what it trained is
+// kept. An export that fails fails the run, after the report says so.
+void write_outputs(const TrainingSession& session, const TrainConfig& config, TrainReport& report) {
+  if (!config.export_path.empty()) {
+    try {
+      session.export_model(config.export_path);
+      report.written.push_back("the model " + config.export_path);
+    } catch (const std::exception& e) {
+      report.stop_reason = "failed";
+      report.error += fmt::format("{}export after step {} at {} failed: {}", report.error.empty() ? "" : "; ",
+                                  report.steps, report.precision, first_line(e));
+    }
+  }
+  if (!config.report.empty()) {
+    write_report(report, config.report);
+    report.written.push_back("the report " + config.report);
+  }
+}
+
 }  // namespace
 
 std::string checkpoint_file(const std::string& checkpoint_dir) {
@@ -36,11 +58,27 @@ TrainReport run_training(const TrainConfig& config, const DataParallelism& paral
     check_writable(path, flag);
   }
   TrainingSession session(config, load_training_data(config), parallel);
-  TrainReport report = session.fit();
-  if (session.rank() != 0) return report;
-  if (!config.export_path.empty()) session.export_model(config.export_path);
-  if (!config.report.empty()) write_report(report, config.report);
+  TrainReport report;
+  try {
+    report = session.fit();
+  } catch (const TrainingFailure& failure) {
+    report = failure.report();
+  }
+  if (session.rank() == 0) write_outputs(session, config, report);
+  if (report.stop_reason == "failed") throw TrainingError(report.error + "; " + kept(config, report));
   return report;
+}
+
+std::string kept(const TrainConfig& config, const TrainReport& report) {
+  std::vector<std::string> written = report.written;
+  if (report.checkpointed_step) {
+    written.insert(written.begin(), fmt::format("the checkpoint {} of step {} (--resume continues)",
+                                                checkpoint_file(config.checkpoint_dir), *report.checkpointed_step));
+  }
+  if (written.empty()) return "nothing was written (--checkpoint-dir keeps a run that stops early)";
+  std::string text = "wrote " + written.front();
+  for (size_t i = 1; i < written.size(); ++i) text += (i + 1 == written.size() ? " and " : ", ") + written[i];
+  return text;
 }
 
 }  // namespace afterburner::train

@@ -219,6 +219,7 @@ struct TrainingSession::Parts {
   int threads() const { return config.threads > 0 ? static_cast<int>(config.threads) : available_cores(); }
   Model zoo_model(const TrainConfig& config, const TrainingData& data, const DataParallelism& parallel);
   Model user_model(const TrainConfig& config, const TrainingData& data, const DataParallelism& parallel);
+  TrainReport describe(TrainReport report) const;
   void run_steps(const std::function<bool(int64_t)>& next, const std::function<std::optional<double>(int64_t)>& lr,
                  const std::function<void(int64_t, double, int64_t)>& done);
 };
@@ -347,7 +348,12 @@ int64_t TrainingSession::rank() const { return parts_->rank; }
 
 void TrainingSession::export_model(const std::string& path) const {
   if (parts_->script) {
-    infer::save_model(*parts_->script, path);
+    // In evaluation mode, as the zoo's exports: torch.jit.load gives a model ready to predict.
+    torch::jit::Module& script = *parts_->script;
+    const bool training = script.is_training();
+    script.eval();
+    infer::save_model(script, path);
+    script.train(training);
   } else {
     models::export_torchscript(parts_->model, path);
   }
@@ -357,15 +363,23 @@ TrainReport TrainingSession::fit() {
   auto& p = *parts_;
   ThreadsGuard threads(p.threads());
   if (p.config.resume) p.trainer->resume();
-  TrainReport report = p.trainer->fit();
-  for (const auto& field : config_fields()) report.config[field.name] = field.get(p.config);
-  report.model = p.config.model;
-  report.schedule = p.schedule;
-  report.evaluated_on = p.evaluated_on;
-  report.batch_size = p.config.batch_size;
+  try {
+    return p.describe(p.trainer->fit());
+  } catch (const TrainingFailure& failure) {
+    throw TrainingFailure(p.describe(failure.report()));
+  }
+}
+
+// The trainer's report with the session's own facts: the options, model, schedule, threads.
+TrainReport TrainingSession::Parts::describe(TrainReport report) const {
+  for (const auto& field : config_fields()) report.config[field.name] = field.get(config);
+  report.model = config.model;
+  report.schedule = schedule;
+  report.evaluated_on = evaluated_on;
+  report.batch_size = config.batch_size;
   report.threads = at::get_num_threads();
-  report.workers = p.workers;
-  for (const auto& parameter : p.trainer->model().parameters()) report.trainable_parameters += parameter.numel();
+  report.workers = workers;
+  for (const auto& parameter : trainer->model().parameters()) report.trainable_parameters += parameter.numel();
   return report;
 }
 

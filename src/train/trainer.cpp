@@ -8,6 +8,7 @@
 #include "afterburner/core/heap.h"
 #include "afterburner/kernels/flat_optim.h"
 #include "afterburner/profile/memory.h"
+#include "afterburner/train/interrupt.h"
 
 namespace afterburner::train {
 
@@ -63,6 +64,7 @@ void Trainer::save() {
   state.train_seconds = train_seconds();
   state.world_size = world_size_;
   save_checkpoint(options_.checkpoint_path(), {options_.model_name(), model_, *optimizer_, scaler_, state});
+  checkpointed_step_ = state.step;
 }
 
 double Trainer::forward_backward(const data::Batch& batch, bool last_of_step) {
@@ -166,6 +168,7 @@ EvalResult Trainer::evaluate() {
 
 void Trainer::evaluate_into(bool epoch_end, TrainReport& report) {
   timer_.stop();
+  evaluating_ = true;
   EvalInfo info;
   info.epoch = state_.epoch;
   info.step = state_.step;
@@ -176,6 +179,7 @@ void Trainer::evaluate_into(bool epoch_end, TrainReport& report) {
   report.eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
   last_eval_step_ = state_.step;
   report.test_accuracy = info.result.accuracy;
+  evaluating_ = false;
   report.evaluations.push_back({state_.step, state_.samples, info.train_seconds, info.result.accuracy, info.result.loss});
   if (epoch_end) report.test_accuracy_per_epoch.push_back(info.result.accuracy);
   for (auto& callback : callbacks_) callback->on_evaluation(info);
@@ -193,6 +197,7 @@ void Trainer::update_stop_reason() {
   for (auto& callback : callbacks_) {
     if (stop_reason_.empty()) stop_reason_ = callback->stop_reason();
   }
+  if (stop_reason_.empty() && interrupt_requested()) stop_reason_ = "interrupted";
 }
 
 void Trainer::agree_to_stop() {
@@ -282,6 +287,7 @@ bool Trainer::run_epoch(TrainReport& report) {
     if (!optimizer_step()) ++report.skipped_steps;
     timer_.end_step(totals.samples);
     state_.samples += totals.samples;
+    completed_ = state_;
     StepInfo info = step_info(state_.epoch, totals.samples, totals.loss_sum / double(totals.micro_batches));
     info.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_begin).count();
     if (after_step(info, report)) break;
@@ -295,6 +301,40 @@ bool Trainer::run_epoch(TrainReport& report) {
 TrainReport Trainer::fit() {
   TrainReport report;
   report.precision = to_string(options_.precision());
+  const int64_t first_step = state_.step;
+  completed_ = state_;
+  try {
+    train_epochs(report);
+  } catch (const std::exception& e) {
+    timer_.stop();
+    if (state_.step == first_step) {  // nothing trained in this run yet: nothing to keep
+      if (dynamic_cast<const Error*>(&e)) throw;
+      throw TrainingError(failure(e));
+    }
+    keep_after_failure(e, report);
+    finish(report);
+    throw TrainingFailure(report);
+  }
+  finish(report);
+  return report;
+}
+
+void Trainer::finish(TrainReport& report) {
+  auto stats = timer_.stats();
+  report.timing = stats;
+  report.steps = state_.step;
+  report.train_samples_per_sec = stats.samples_per_sec;
+  report.train_seconds = train_seconds();
+  report.peak_rss_mb = profile::peak_rss_mb();
+  report.peak_tensor_mb = double(profile::TensorMemory::peak_bytes()) / (1 << 20);
+  report.stop_reason = stop_reason_.empty() ? "completed" : stop_reason_;
+  report.checkpointed_step = checkpointed_step_;
+  report.world_size = world_size_;
+  if (options_.replicas()) report.communication = options_.replicas()->communication();
+  for (auto& callback : callbacks_) callback->on_train_end(report);
+}
+
+void Trainer::train_epochs(TrainReport& report) {
   model_.train();
   discard_gradients();
   if (state_.seconds_to_target >= 0 && options_.target_accuracy() > 0) {
@@ -310,6 +350,7 @@ TrainReport Trainer::fit() {
     if (epoch_done) {
       ++state_.epoch;
       state_.batch_in_epoch = 0;
+      completed_ = state_;
       if (last_eval_step_ == state_.step) {
         report.test_accuracy_per_epoch.push_back(report.test_accuracy);  // evaluated at this very step
       } else {
@@ -320,19 +361,33 @@ TrainReport Trainer::fit() {
     }
     save();
   }
-  if (last_eval_step_ != state_.step) evaluate_into(/*epoch_end=*/false, report);  // stopped mid-epoch
-  auto stats = timer_.stats();
-  report.timing = stats;
-  report.steps = state_.step;
-  report.train_samples_per_sec = stats.samples_per_sec;
-  report.train_seconds = train_seconds();
-  report.peak_rss_mb = profile::peak_rss_mb();
-  report.peak_tensor_mb = double(profile::TensorMemory::peak_bytes()) / (1 << 20);
-  report.stop_reason = stop_reason_.empty() ? "completed" : stop_reason_;
-  report.world_size = world_size_;
-  if (options_.replicas()) report.communication = options_.replicas()->communication();
-  for (auto& callback : callbacks_) callback->on_train_end(report);
-  return report;
+  // Stopped mid-epoch: evaluate the model as it ends, unless the user asked to stop now.
+  if (last_eval_step_ != state_.step && stop_reason_ != "interrupted") evaluate_into(/*epoch_end=*/false, report);
+}
+
+// Where and at what precision the run was when `e` ended it, and `e`'s own line. An error of
+// afterburner's already names what it concerns (the step of a NaN loss, a checkpoint's file).
+std::string Trainer::failure(const std::exception& e) const {
+  if (dynamic_cast<const Error*>(&e)) return e.what();
+  const std::string where = evaluating_ ? fmt::format("evaluation after step {}", state_.step)
+                                        : fmt::format("step {} (epoch {}, batch {})", state_.step + 1,
+                                                      state_.epoch + 1, state_.batch_in_epoch + 1);
+  const bool reduced = options_.precision() != Precision::fp32;
+  return fmt::format("{} at {} failed: {}{}", where, to_string(options_.precision()), first_line(e),
+                     reduced ? "; --precision fp32 may avoid it" : "");
+}
+
+// The run trained before `e` stopped it: the checkpoint goes back to the last completed step
+// (a step that failed halfway is redone on resume), and the report says what happened.
+void Trainer::keep_after_failure(const std::exception& e, TrainReport& report) {
+  stop_reason_ = "failed";
+  report.error = failure(e);
+  state_ = completed_;
+  try {
+    save();
+  } catch (const CheckpointError& unwritable) {
+    report.error += fmt::format(" (and the checkpoint was not written: {})", unwritable.what());
+  }
 }
 
 }  // namespace afterburner::train

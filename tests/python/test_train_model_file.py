@@ -92,7 +92,8 @@ def test_a_python_model_trains_in_place_and_exports(tmp_path, trace):
     train("--model", source, "--max-steps", 150, "--report", tmp_path / "report.json", "--export",
           tmp_path / "trained.pt")
     report = json.loads((tmp_path / "report.json").read_text())
-    trained = torch.jit.load(str(tmp_path / "trained.pt")).eval()
+    trained = torch.jit.load(str(tmp_path / "trained.pt"))
+    assert not trained.training, "exported for inference, as the zoo's models"
     after = trained.state_dict()
     assert list(after) == list(before)
     assert any(not torch.equal(after[k], before[k]) for k in after), "nothing was trained"
@@ -128,6 +129,38 @@ def test_resume_continues_a_python_model_exactly(tmp_path, build):
     resumed = torch.jit.load(str(tmp_path / "resumed.pt")).state_dict()
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
+
+
+class FailsToEvaluate(torch.nn.Module):
+    """Trains, and raises when evaluating more than two images: passes the check afterburner runs
+    before training, and breaks at the first evaluation."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(28 * 28, 10)
+
+    def forward(self, x):
+        if not self.training and x.size(0) > 2:
+            raise RuntimeError("this model cannot evaluate")
+        return self.fc(torch.flatten(x, 1))
+
+
+def test_a_run_whose_evaluation_fails_keeps_what_it_trained(tmp_path):
+    source = saved(FailsToEvaluate(), tmp_path / "model.pt")
+    outputs = {"checkpoint": tmp_path / "ck" / "checkpoint.pt", "model": tmp_path / "trained.pt",
+               "report": tmp_path / "report.json"}
+    run = train("--model", source, "--max-steps", 20, "--checkpoint-dir", tmp_path / "ck", "--export",
+                outputs["model"], "--report", outputs["report"], expect=1)
+    line = run.stderr.splitlines()[-1]
+    assert line.startswith("afterburner: evaluation after step 20 at fp32 failed: "), line
+    assert "this model cannot evaluate" in line, line
+    assert line.endswith(f"; wrote the checkpoint {outputs['checkpoint']} of step 20 (--resume continues), the model "
+                         f"{outputs['model']} and the report {outputs['report']}"), line
+    report = json.loads(outputs["report"].read_text())
+    assert report["stop_reason"] == "failed" and report["steps"] == 20 and report["checkpointed_step"] == 20
+    assert "this model cannot evaluate" in report["error"]
+    trained = torch.jit.load(str(outputs["model"])).state_dict()
+    assert not torch.equal(trained["fc.weight"], torch.jit.load(str(source)).state_dict()["fc.weight"])
 
 
 def test_models_that_do_not_fit_are_one_clear_line(tmp_path):

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/script.h>
 
@@ -18,19 +19,22 @@ namespace afterburner::testing {
 namespace {
 namespace fs = std::filesystem;
 
-// Starts the CLI without waiting for it, its output discarded.
-pid_t spawn_cli(const std::vector<std::string>& args) {
+// Starts the CLI without waiting for it, its output discarded but for its stderr, which goes to
+// `stderr_file` when given.
+pid_t spawn_cli(const std::vector<std::string>& args, const fs::path& stderr_file = "/dev/null") {
   // Everything the child needs is built before fork: only async-signal-safe calls after it.
   std::vector<std::string> argv{cli_binary().string()};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> pointers;
   for (auto& a : argv) pointers.push_back(a.data());
   pointers.push_back(nullptr);
+  const std::string err_path = stderr_file.string();
   pid_t pid = fork();
   if (pid == 0) {
     int null = open("/dev/null", O_WRONLY);
+    int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(null, STDOUT_FILENO);
-    dup2(null, STDERR_FILENO);
+    dup2(err, STDERR_FILENO);
     execv(pointers[0], pointers.data());
     _exit(127);
   }
@@ -109,6 +113,46 @@ TEST(CliResume, KilledAndResumedRunEndsBitwiseWhereAnUninterruptedOneDoes) {
   if (killed) {
     EXPECT_LT(report.at("timing").at("steps").get<int64_t>(), 60);
   }
+  expect_bitwise_equal(dir / "a.pt", dir / "b.pt");
+}
+
+// Ctrl-C: the step in progress ends, the run writes its checkpoint, model and report, says so
+// in one line and exits 130; resumed, it ends bit for bit where an uninterrupted run ends.
+TEST(CliResume, CtrlCKeepsTheRunAndResumingItEndsWhereAnUninterruptedOneDoes) {
+  TempDir dir;
+  auto uninterrupted = run_cli(train_args(fashion_mnist_dir(), resumable_flags(dir, "a")));
+  ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.err;
+
+  auto flags = resumable_flags(dir, "b");
+  flags["--checkpoint-every"] = "0";  // the only checkpoint is the interrupted run's own
+  flags["--log-jsonl"] = (dir / "b.jsonl").string();
+  pid_t pid = spawn_cli(train_args(fashion_mnist_dir(), flags), dir / "b.err");
+  ASSERT_GT(pid, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (read_file(dir / "b.jsonl").find("\"step\":5,") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by a signal";
+  ASSERT_EQ(WEXITSTATUS(status), 130) << read_file(dir / "b.err");
+  const auto report = read_json(dir / "b.json");
+  EXPECT_EQ(report.at("stop_reason"), "interrupted");
+  const int64_t steps = report.at("steps");
+  EXPECT_LT(steps, 60);
+  EXPECT_EQ(report.at("checkpointed_step"), steps);
+  EXPECT_EQ(read_file(dir / "b.err"),
+            fmt::format("afterburner: interrupted after step {}; wrote the checkpoint {} of step {} (--resume "
+                        "continues), the model {} and the report {}\n",
+                        steps, (dir / "checkpoints-b" / "checkpoint.pt").string(), steps, (dir / "b.pt").string(),
+                        (dir / "b.json").string()));
+
+  flags["--resume"] = "";
+  auto resumed = run_cli(train_args(fashion_mnist_dir(), flags));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(read_json(dir / "b.json").at("steps"), 60);
   expect_bitwise_equal(dir / "a.pt", dir / "b.pt");
 }
 

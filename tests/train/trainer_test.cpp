@@ -1,8 +1,10 @@
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <csignal>
+#include <filesystem>
 #include <optional>
 
 #include "afterburner/core/error.h"
@@ -10,6 +12,7 @@
 #include "afterburner/data/dataset.h"
 #include "afterburner/data/loader.h"
 #include "afterburner/models/zoo.h"
+#include "afterburner/train/interrupt.h"
 #include "afterburner/train/trainer.h"
 #include "quadrants.h"
 #include "testing.h"
@@ -21,9 +24,10 @@ struct Harness {
   data::Loader train, test;
   torch::nn::Sequential model;
 
-  explicit Harness(data::DatasetPtr train_set, int workers = 0, int64_t batch = 32)
+  explicit Harness(data::DatasetPtr train_set, int workers = 0, int64_t batch = 32,
+                   data::DatasetPtr test_set = quadrant_dataset(256, 99))
       : train(train_set, data::LoaderOptions().batch_size(batch).workers(workers).seed(5)),
-        test(quadrant_dataset(256, 99), data::LoaderOptions().batch_size(128).workers(0).shuffle(false).drop_last(false)),
+        test(test_set, data::LoaderOptions().batch_size(128).workers(0).shuffle(false).drop_last(false)),
         model(fresh_model()) {}
 
   static torch::nn::Sequential fresh_model() {
@@ -129,19 +133,112 @@ TEST(Trainer, ClipsGradientValues) {
   }
 }
 
+// The NaN stops the run at its step; the checkpoint is the step before's, from which a resumed
+// run starts at the NaN's batch again.
 TEST(Trainer, NonFiniteLossStopsNamingTheStep) {
+  testing::TempDir dir;
+  const auto checkpoint = (dir / "ckpt.pt").string();
   auto images = torch::rand({64, 1, 8, 8});
   images[40][0][0][0] = std::numeric_limits<float>::quiet_NaN();
   auto data = std::make_shared<data::TensorDataset>(images, torch::zeros({64}, torch::kLong));
   Harness s(data, 0, 16);
-  auto trainer = s.trainer(TrainerOptions().epochs(1));
+  auto trainer = s.trainer(TrainerOptions().epochs(1).checkpoint_path(checkpoint));
+  int64_t steps = 0;
   try {
     trainer.fit();
     FAIL() << "expected a TrainingError";
-  } catch (const TrainingError& e) {
-    EXPECT_NE(std::string(e.what()).find("step"), std::string::npos) << e.what();
+  } catch (const TrainingFailure& e) {
+    steps = e.report().steps;
+    EXPECT_GT(steps, 0);
+    EXPECT_NE(std::string(e.what()).find(fmt::format("step {} ", steps + 1)), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("nan"), std::string::npos) << e.what();
+    EXPECT_EQ(e.report().stop_reason, "failed");
+    EXPECT_EQ(e.report().error, e.what());
+    EXPECT_EQ(e.report().checkpointed_step, steps);
   }
+  Harness again(data, 0, 16);
+  auto resumed = again.trainer(TrainerOptions().epochs(1).checkpoint_path(checkpoint));
+  resumed.resume();
+  EXPECT_EQ(resumed.state().step, steps);
+  EXPECT_EQ(resumed.state().batch_in_epoch, steps);
+  expect_bitwise_equal(snapshot(*again.model), snapshot(*s.model));
+}
+
+// Evaluation fails here (its images have another size than the model takes) after 5 steps:
+// the error names the evaluation, the step and the precision, and the run is kept.
+TEST(Trainer, AFailedEvaluationKeepsTheTrainedSteps) {
+  testing::TempDir dir;
+  const auto checkpoint = (dir / "ckpt.pt").string();
+  Harness s(quadrant_dataset(512, 3), 0, 32,
+            std::make_shared<data::TensorDataset>(torch::rand({16, 1, 9, 9}), torch::zeros({16}, torch::kLong)));
+  auto trainer = s.trainer(TrainerOptions().max_steps(5).checkpoint_path(checkpoint));
+  try {
+    trainer.fit();
+    FAIL() << "expected a TrainingFailure";
+  } catch (const TrainingFailure& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("evaluation after step 5 at fp32 failed: ", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    EXPECT_EQ(e.report().steps, 5);
+    EXPECT_EQ(e.report().checkpointed_step, 5);
+    EXPECT_TRUE(e.report().evaluations.empty());
+  }
+  Harness again(quadrant_dataset(512, 3));
+  auto resumed = again.trainer(TrainerOptions().max_steps(5).checkpoint_path(checkpoint));
+  resumed.resume();
+  EXPECT_EQ(resumed.state().step, 5);
+  expect_bitwise_equal(snapshot(*again.model), snapshot(*s.model));
+}
+
+// An error before any step is the error, with where: nothing was trained to keep.
+TEST(Trainer, AFailedFirstStepNamesItAndKeepsNothing) {
+  testing::TempDir dir;
+  const auto checkpoint = (dir / "ckpt.pt").string();
+  Harness s(std::make_shared<data::TensorDataset>(torch::rand({64, 1, 9, 9}), torch::zeros({64}, torch::kLong)));
+  auto trainer = s.trainer(TrainerOptions().epochs(1).checkpoint_path(checkpoint));
+  try {
+    trainer.fit();
+    FAIL() << "expected a TrainingError";
+  } catch (const TrainingFailure& e) {
+    FAIL() << "nothing was trained, nothing to keep: " << e.what();
+  } catch (const TrainingError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("step 1 (epoch 1, batch 1) at fp32 failed: ", 0), 0u) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(checkpoint));
+}
+
+// Ctrl-C during step 3: the step ends, the run stops there without evaluating, its checkpoint
+// written; a resumed run ends bit for bit where an uninterrupted one does.
+TEST(Trainer, CtrlCEndsTheRunAfterTheStepInProgress) {
+  struct PressCtrlC : Callback {
+    void on_step_end(const StepInfo& info) override {
+      if (info.step == 3) std::raise(SIGINT);
+    }
+  };
+  testing::TempDir dir;
+  const auto checkpoint = (dir / "ckpt.pt").string();
+  auto data = quadrant_dataset(512, 4);
+  Harness whole(data);
+  whole.trainer(TrainerOptions().max_steps(8)).fit();
+
+  Harness s(data);
+  auto trainer = s.trainer(TrainerOptions().max_steps(8).checkpoint_path(checkpoint));
+  trainer.add_callback(std::make_shared<PressCtrlC>());
+  TrainReport report;
+  {
+    StopOnInterrupt stop_on_ctrl_c;
+    report = trainer.fit();
+    EXPECT_TRUE(interrupt_requested());
+  }
+  EXPECT_EQ(report.stop_reason, "interrupted");
+  EXPECT_EQ(report.steps, 3);
+  EXPECT_EQ(report.checkpointed_step, 3);
+  EXPECT_TRUE(report.evaluations.empty());
+
+  Harness again(data);
+  auto resumed = again.trainer(TrainerOptions().max_steps(8).checkpoint_path(checkpoint));
+  resumed.resume();
+  EXPECT_EQ(resumed.fit().stop_reason, "max steps");
+  expect_bitwise_equal(snapshot(*again.model), snapshot(*whole.model));
 }
 
 TEST(Trainer, NonFiniteLossCanBeSkipped) {

@@ -72,6 +72,13 @@ class CheckpointError : public Error {
       : Error(file + ": " + problem) {}
 };
 
+// The user stopped the work (Ctrl-C): exit code 130, as a shell reports a SIGINT.
+class Interrupted : public Error {
+ public:
+  using Error::Error;
+  int exit_code() const override { return 130; }
+};
+
 // Training cannot go on (for example a NaN loss), naming the step.
 class TrainingError : public Error {
  public:

@@ -36,7 +36,7 @@ int64_t free_port(const std::string& address);
 
 // Starts the ranks, forwards SIGINT and SIGTERM to them, and waits for all of them. Throws
 // DistError naming the first rank that failed (exit code or signal) once every rank has ended;
-// UsageError for options that make no job.
+// Interrupted when Ctrl-C stopped them (each exited 130); UsageError for options that make no job.
 void launch_local_ranks(const std::vector<std::string>& command, const LaunchOptions& options);
 
 }  // namespace afterburner::dist

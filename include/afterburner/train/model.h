@@ -44,8 +44,9 @@ class Model {
   // Throws UsageError when a TorchScript forward returns something else than one Tensor.
   torch::Tensor forward(const torch::Tensor& input) const;
 
+  // Each parameter once (a weight tied between layers, too), in the module's order.
   std::vector<torch::Tensor> parameters() const;
-  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const;  // dotted names
+  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const;  // dotted names, the first of each
   std::vector<torch::Tensor> buffers() const;
   StateTree state() const;
 

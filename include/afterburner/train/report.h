@@ -64,7 +64,10 @@ struct TrainReport {
   std::vector<EvalPoint> evaluations;  // of this session
   double peak_rss_mb = 0;
   double peak_tensor_mb = 0;
-  std::string stop_reason;             // "completed", "target accuracy reached", "max steps", ...
+  std::string stop_reason;             // "completed", "target accuracy reached", "max steps", "interrupted", "failed", ...
+  std::string error;                   // with "failed": where (step or evaluation, precision) and why
+  std::optional<int64_t> checkpointed_step;  // the step of the last checkpoint this session wrote
+  std::vector<std::string> written;    // "the model m.pt", "the report r.json": what run_training wrote at the end
   profile::StepStats timing;
 
   nlohmann::json to_json() const;

@@ -17,8 +17,15 @@
 namespace afterburner::train {
 
 // With `parallel`, one rank of data-parallel training (see TrainingSession); only rank 0 writes
-// the report and the exported model.
+// the report and the exported model. A run that stops early writes them too: one interrupted
+// (Ctrl-C under a StopOnInterrupt) returns its report, stop_reason "interrupted"; one that
+// fails after training (an evaluation or export error, a NaN loss) throws TrainingError naming
+// the step, the precision and what was written (kept()).
 TrainReport run_training(const TrainConfig& config, const DataParallelism& parallel = {});
+
+// "wrote the checkpoint ck/checkpoint.pt of step 40 (--resume continues), the model m.pt and
+// the report r.json": what `report` says the run wrote at its end.
+std::string kept(const TrainConfig& config, const TrainReport& report);
 
 // The checkpoint file inside a --checkpoint-dir.
 std::string checkpoint_file(const std::string& checkpoint_dir);

@@ -82,7 +82,7 @@ class TrainingSession {
   const TrainConfig& config() const;
   int64_t rank() const;  // 0 without replicas
   // Writes the trained model as TorchScript (torch.jit.load runs it): a zoo model as built (not
-  // fused), or the user's TorchScript model. Throws Error naming the path.
+  // fused), or the user's TorchScript model in evaluation mode. Throws Error naming the path.
   void export_model(const std::string& path) const;
 
  private:

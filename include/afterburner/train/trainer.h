@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "afterburner/core/error.h"
 #include "afterburner/data/device.h"
 #include "afterburner/data/loader.h"
 #include "afterburner/profile/step_timer.h"
@@ -59,6 +60,17 @@ struct TrainerOptions {
   TORCH_ARG(std::shared_ptr<Replicas>, replicas) = nullptr;
 };
 
+// A run that failed after training some steps: its report (stop_reason "failed", `error` the
+// message) for the caller to write, beside the checkpoint the Trainer wrote.
+class TrainingFailure : public TrainingError {
+ public:
+  explicit TrainingFailure(TrainReport report) : TrainingError(report.error), report_(std::move(report)) {}
+  const TrainReport& report() const { return report_; }
+
+ private:
+  TrainReport report_;
+};
+
 class Trainer {
  public:
   // `model`: any module holder with forward(Tensor) -> Tensor, or a TorchScript module (model.h).
@@ -68,6 +80,10 @@ class Trainer {
   void add_callback(CallbackPtr callback);
   // Restores everything from the checkpoint at options().checkpoint_path(); fit() continues there.
   void resume();
+  // Trains until the epochs, max_steps, the target accuracy, a callback or Ctrl-C
+  // (interrupt.h) stop it. Errors name the step (or the evaluation after one) and the
+  // precision. One after this run's first step does not lose the run: the checkpoint of the
+  // last completed step is written and TrainingFailure carries the report so far.
   TrainReport fit();
   EvalResult evaluate();
 
@@ -98,6 +114,14 @@ class Trainer {
   // Whether any rank wants to stop (a callback's time or profile limit); sets stop_reason_ if so.
   void agree_to_stop();
   bool run_epoch(TrainReport& report);
+  // The epochs until a stop, then the last evaluation.
+  void train_epochs(TrainReport& report);
+  // The one line saying where (step or evaluation, precision) `e` stopped the run.
+  std::string failure(const std::exception& e) const;
+  // Writes the checkpoint of the last completed step and records the failure in `report`.
+  void keep_after_failure(const std::exception& e, TrainReport& report);
+  // The report's totals, timing and stop reason.
+  void finish(TrainReport& report);
   // Evaluation, checkpoint and stop checks due after step `info`; true to stop.
   bool after_step(const StepInfo& info, TrainReport& report);
   // Evaluates, records the result in `report` and tells whether the target is reached.
@@ -115,6 +139,9 @@ class Trainer {
   TrainerOptions options_;
   GradScaler scaler_;
   TrainState state_;
+  TrainState completed_;  // state_ as the last completed step left it
+  bool evaluating_ = false;
+  std::optional<int64_t> checkpointed_step_;  // of the last checkpoint this run wrote
   double resumed_seconds_ = 0;
   profile::StepTimer timer_;
   std::vector<CallbackPtr> callbacks_;
