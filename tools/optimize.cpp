@@ -25,6 +25,7 @@ struct OptimizeArgs {
   std::string data;
   std::string example_inputs;
   double tolerance = -1;      // < 0: the precision's default
+  double relative_tolerance = -1;
   double min_agreement = -1;  // < 0: the precision's default
   bool force = false;
   int threads = 0;
@@ -54,7 +55,9 @@ std::vector<int64_t> parse_shape(const std::string& text) {
 infer::OptimizeFileOptions file_options(const OptimizeArgs& args) {
   const auto precision = infer::parse_precision(args.precision);
   auto tolerance = infer::default_tolerance(precision);
-  if (args.tolerance >= 0) tolerance.max_abs_diff(args.tolerance);
+  // A --tolerance given is the whole bound unless --relative-tolerance is given too.
+  if (args.tolerance >= 0) tolerance.max_abs_diff(args.tolerance).relative(0);
+  if (args.relative_tolerance >= 0) tolerance.relative(args.relative_tolerance);
   if (args.min_agreement >= 0) tolerance.min_top1_agreement(args.min_agreement);
   return infer::OptimizeFileOptions()
       .precision(precision)
@@ -90,9 +93,8 @@ int run_optimize(const OptimizeArgs& args) {
     }
   }
   if (!report.agrees) {
-    std::cerr << fmt::format("afterburner: verification failed (tolerance: max abs diff {:g}, top-1 agreement {:.2f}%); "
-                             "writing anyway (--force)\n",
-                             report.tolerance.max_abs_diff(), 100.0 * report.tolerance.min_top1_agreement());
+    std::cerr << fmt::format("afterburner: verification failed (tolerance: {}); writing anyway (--force)\n",
+                             infer::describe(report.tolerance));
   }
   std::cout << "wrote " << args.output << "\n";
   if (report.after.points.empty()) return 0;
@@ -138,6 +140,11 @@ Command add_optimize_command(CLI::App& app) {
   sub->add_option("--tolerance", args->tolerance,
                   "largest max abs output difference accepted (default: " +
                       default_per_precision([](const infer::Tolerance& t) { return t.max_abs_diff(); }) + ")")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--relative-tolerance", args->relative_tolerance,
+                  "added to --tolerance, as a fraction of the largest original output's magnitude (default: 0 with "
+                  "--tolerance, else " +
+                      default_per_precision([](const infer::Tolerance& t) { return t.relative(); }) + ")")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--min-agreement", args->min_agreement,
                   "smallest top-1 agreement accepted, 0..1 (default: " +

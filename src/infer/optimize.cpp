@@ -39,9 +39,9 @@ std::string to_string(Precision precision) {
 
 Tolerance default_tolerance(Precision precision) {
   switch (precision) {
-    case Precision::fp32: return Tolerance().max_abs_diff(1e-3).min_top1_agreement(0.999);
-    case Precision::bf16: return Tolerance().max_abs_diff(0.5).min_top1_agreement(0.995);
-    case Precision::int8: return Tolerance().max_abs_diff(1.0).min_top1_agreement(0.99);
+    case Precision::fp32: return Tolerance().max_abs_diff(1e-3).relative(1e-4).min_top1_agreement(0.999);
+    case Precision::bf16: return Tolerance().max_abs_diff(0.5).relative(0.02).min_top1_agreement(0.995);
+    case Precision::int8: return Tolerance().max_abs_diff(1.0).relative(0.05).min_top1_agreement(0.99);
   }
   return Tolerance();
 }

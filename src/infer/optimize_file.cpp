@@ -173,10 +173,8 @@ OptimizeFileReport optimize_file(const std::string& input, const std::string& ou
   report.agreement = worst(report.outputs);
   report.agrees = within(report.outputs, report.tolerance);
   if (!report.agrees && !options.force()) {
-    throw Error(fmt::format("{}: not written, verification failed: {} (tolerance: max abs diff {:g}, top-1 "
-                            "agreement {:.2f}%); --force writes it anyway",
-                            output, describe(report.outputs), report.tolerance.max_abs_diff(),
-                            100.0 * report.tolerance.min_top1_agreement()));
+    throw Error(fmt::format("{}: not written, verification failed: {} (tolerance: {}); --force writes it anyway",
+                            output, describe(report.outputs), describe(report.tolerance)));
   }
   save_model(result.model, output);
 

@@ -20,6 +20,7 @@ Agreement worst(const std::vector<Agreement>& outputs) {
   Agreement result;
   for (const auto& output : outputs) {
     result.max_abs_diff = std::max(result.max_abs_diff, output.max_abs_diff);
+    result.max_abs_expected = std::max(result.max_abs_expected, output.max_abs_expected);
     result.top1_agreement = std::min(result.top1_agreement, output.top1_agreement);
     result.samples = std::max(result.samples, output.samples);
   }
@@ -27,8 +28,18 @@ Agreement worst(const std::vector<Agreement>& outputs) {
 }
 
 std::string describe(const Agreement& agreement) {
-  return fmt::format("max abs diff {:.3g}, top-1 agreement {:.2f}% ({} samples)", agreement.max_abs_diff,
+  const bool scaled = agreement.max_abs_diff > 0 && agreement.max_abs_expected > 1;
+  return fmt::format("max abs diff {:.3g}{}, top-1 agreement {:.2f}% ({} samples)", agreement.max_abs_diff,
+                     scaled ? fmt::format(" ({:.2g} of their scale {:.3g})", agreement.max_abs_diff / agreement.max_abs_expected,
+                                          agreement.max_abs_expected)
+                            : "",
                      100.0 * agreement.top1_agreement, agreement.samples);
+}
+
+std::string describe(const Tolerance& tolerance) {
+  return fmt::format("max abs diff {:g}{}, top-1 agreement {:.2f}%", tolerance.max_abs_diff(),
+                     tolerance.relative() > 0 ? fmt::format(" + {:g} of the outputs' scale", tolerance.relative()) : "",
+                     100.0 * tolerance.min_top1_agreement());
 }
 
 std::string describe(const std::vector<Agreement>& outputs) {
@@ -76,6 +87,9 @@ struct OutputTally {
     double diff = expected.numel() == 0 ? 0.0 : (expected - actual).abs().max().item<double>();
     if (!std::isfinite(diff)) diff = std::numeric_limits<double>::infinity();
     agreement.max_abs_diff = std::max(agreement.max_abs_diff, diff);
+    if (expected.numel() > 0) {
+      agreement.max_abs_expected = std::max(agreement.max_abs_expected, expected.abs().max().item<double>());
+    }
     agreement.samples += expected.size(0);
     if (expected.dim() >= 2 && expected.size(-1) > 0) {
       const auto same = expected.argmax(-1).eq(actual.argmax(-1));

@@ -34,6 +34,22 @@ TEST(Verify, MeasuresMaxDifferenceAndTop1Agreement) {
   EXPECT_TRUE(Contains(infer::describe(agreement), "top-1 agreement 50.00% (4 samples)"));
 }
 
+// Outputs in the thousands: a difference is judged against their scale, the original's largest
+// magnitude (here 4000), as a relative tolerance asks.
+TEST(Verify, ARelativeToleranceScalesWithTheOutputs) {
+  auto inputs = torch::tensor({{4000.0f, -10.0f}, {-3000.0f, 20.0f}});
+  auto original = shifted(torch::zeros({2}));
+  auto optimized = shifted(torch::tensor({0.02f, 0.0f}));
+  auto agreement = infer::verify(original, optimized, inputs);
+  EXPECT_DOUBLE_EQ(agreement.max_abs_expected, 4000.0);
+  EXPECT_FALSE(infer::within(agreement, infer::Tolerance().max_abs_diff(1e-3)));
+  EXPECT_TRUE(infer::within(agreement, infer::Tolerance().max_abs_diff(1e-3).relative(5e-6)));   // 0.001 + 0.02
+  EXPECT_FALSE(infer::within(agreement, infer::Tolerance().max_abs_diff(1e-3).relative(4e-6)));  // 0.001 + 0.016
+  EXPECT_TRUE(Contains(infer::describe(agreement), "max abs diff 0.02 (5e-06 of their scale 4e+03)")) << infer::describe(agreement);
+  EXPECT_EQ(infer::describe(infer::Tolerance().max_abs_diff(1e-3).relative(1e-4)),
+            "max abs diff 0.001 + 0.0001 of the outputs' scale, top-1 agreement 99.90%");
+}
+
 TEST(Verify, NanOutputIsAnInfiniteDifference) {
   auto original = shifted(torch::zeros({2}));
   auto broken = shifted(torch::tensor({NAN, 0.0f}));

@@ -19,6 +19,7 @@ namespace afterburner::infer {
 
 struct Agreement {
   double max_abs_diff = 0;     // over every output element
+  double max_abs_expected = 0;  // the largest magnitude among the original's outputs: their scale
   // Fraction of argmaxes over the last dimension that agree: one per sample for [N, classes],
   // one per position for [N, ..., classes]. An output with fewer than two dimensions has no
   // classes to predict and counts as agreeing.
@@ -26,15 +27,22 @@ struct Agreement {
   int64_t samples = 0;
 };
 
+// An output agrees when its max abs diff is at most max_abs_diff + relative x its scale (the
+// reassociated sums of a deep network differ in proportion to its outputs' magnitude: logits in
+// the thousands differ by hundredths in fp32), and its top-1 agreement at least the minimum.
 struct Tolerance {
   TORCH_ARG(double, max_abs_diff) = 1e-3;
+  TORCH_ARG(double, relative) = 0;
   TORCH_ARG(double, min_top1_agreement) = 0.999;
 };
 
 inline bool within(const Agreement& agreement, const Tolerance& tolerance) {
-  return agreement.max_abs_diff <= tolerance.max_abs_diff() &&
+  return agreement.max_abs_diff <= tolerance.max_abs_diff() + tolerance.relative() * agreement.max_abs_expected &&
          agreement.top1_agreement >= tolerance.min_top1_agreement();
 }
+
+// "max abs diff 0.001 + 0.0001 of the outputs' scale, top-1 agreement 99.90%"
+std::string describe(const Tolerance& tolerance);
 
 // Every output within the tolerance.
 bool within(const std::vector<Agreement>& outputs, const Tolerance& tolerance);
@@ -42,7 +50,8 @@ bool within(const std::vector<Agreement>& outputs, const Tolerance& tolerance);
 // The worst over outputs: the largest difference and the smallest agreement.
 Agreement worst(const std::vector<Agreement>& outputs);
 
-// "max abs diff 2.1e-06, top-1 agreement 100.00% (10000 samples)"
+// "max abs diff 2.1e-06, top-1 agreement 100.00% (10000 samples)", and for outputs in the
+// thousands "max abs diff 0.034 (5.6e-06 of their scale 6.12e+03), top-1 ..."
 std::string describe(const Agreement& agreement);
 // describe() of a single output; "output 0: max abs diff ...; output 1: ..." for several.
 std::string describe(const std::vector<Agreement>& outputs);
