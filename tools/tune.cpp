@@ -1,6 +1,4 @@
 // afterburner tune: which techniques make this model train faster here, and a configuration.
-#include <fmt/format.h>
-
 #include <atomic>
 #include <csignal>
 #include <iostream>
@@ -71,10 +69,7 @@ Command add_tune_command(CLI::App& app) {
             auto result = flags->objective == "throughput" ? tune::tune_throughput(options->resolve(), tune_options)
                                                            : tune::tune_time_to_accuracy(options->resolve(), tune_options);
             tune::write_report(result, flags->report_dir);
-            std::cout << tune::format_table(result);
-            const train::TrainConfig defaults;
-            std::cout << fmt::format("\nrecommended ({}/recommended.toml):\n{}", flags->report_dir,
-                                     train::to_toml(result.recommended, &defaults));
+            std::cout << tune::format_table(result) << "\n" << tune::format_recommendation(result, flags->report_dir);
             return result.interrupted ? 130 : 0;
           }};
 }

@@ -141,11 +141,22 @@ TEST_F(CliTune, BatchSizesPredictedAboveTheMemoryBudgetAreNotTried) {
 }
 
 // The trials shrink to their fewest steps and say so; no accuracy check fits, so nothing that
-// changes numerics is recommended, whatever the trials measured.
+// changes numerics is recommended, whatever the trials measured, and no output says otherwise.
 TEST_F(CliTune, ABudgetTooSmallIsNotedAndRecommendsNothingUnchecked) {
-  auto result = tune({{"--time-budget", "0.01"}});
+  auto result = tune({{"--time-budget", "0.01"}, {"--report", report_dir().string() + "/"}});
   ASSERT_EQ(result.exit_code, 0) << result.err;
+  // The faster settings together are measured, but only a recommendation is called one.
+  EXPECT_EQ(result.out.find("\nrecommended "), std::string::npos) << result.out;
+  const auto recommended_line = result.out.find("\nrecommended: ");
+  ASSERT_NE(recommended_line, std::string::npos) << result.out;
   auto report = read_json(report_dir() / "tune.json");
+  const auto recommendation = report.at("recommendation").get<std::string>();
+  EXPECT_EQ(result.out.find("recommended: " + recommendation + "\n"), recommended_line + 1) << result.out;
+  const auto toml_file = report_dir() / "recommended.toml";  // the path joined: no "tune//"
+  EXPECT_EQ(read_file(toml_file).rfind("# afterburner tune recommends " + recommendation + "\n", 0), 0u);
+  EXPECT_NE(result.out.find(toml_file.string() + ", for afterburner train --config:\n", recommended_line),
+            std::string::npos)
+      << result.out;
   const auto notes = report.at("notes").dump();
   EXPECT_NE(notes.find("at their fewest steps"), std::string::npos) << notes;
   EXPECT_TRUE(report.at("accuracy_checks").empty()) << report.at("accuracy_checks").dump();
