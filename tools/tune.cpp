@@ -45,7 +45,6 @@ Command add_tune_command(CLI::App& app) {
                             "profile", "progress"});
   auto flags = std::make_shared<TuneFlags>();
   sub->add_option("--time-budget", flags->time_budget, "seconds for all trials and accuracy checks, roughly")
-      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub->add_option("--report", flags->report_dir, "directory for tune.json, recommended.toml and report.md")->required();
   sub->add_option("--objective", flags->objective,
@@ -54,8 +53,7 @@ Command add_tune_command(CLI::App& app) {
       ->check(CLI::IsMember({"throughput", "time-to-accuracy"}))
       ->capture_default_str();
   sub->add_flag("--lr-find", flags->lr_find, "run a learning-rate range test first, and plot it");
-  sub->add_option("--memory-budget", flags->memory_budget_mb, "MB of tensor memory a training step may use (0 = any)")
-      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--memory-budget", flags->memory_budget_mb, "MB of tensor memory a training step may use (0 = any)");
   sub->add_option("--rounds", flags->rounds, "alternating pairs per trial")->check(CLI::Range(1, 100))->capture_default_str();
   return {sub, [options, flags] {
             InterruptGuard guard;

@@ -252,6 +252,7 @@ class RecipeSearch {
 }  // namespace
 
 TuneResult tune_time_to_accuracy(const train::TrainConfig& base, const TuneOptions& options) {
+  validate(options);
   return RecipeSearch(base, options).run();
 }
 

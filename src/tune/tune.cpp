@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <set>
 
+#include "afterburner/core/error.h"
 #include "afterburner/core/threads.h"
 #include "afterburner/profile/alternate.h"
 #include "afterburner/train/session.h"
@@ -331,7 +333,20 @@ class Tuner {
 
 }  // namespace
 
+void validate(const TuneOptions& options) {
+  if (!(options.time_budget() > 0) || !std::isfinite(options.time_budget())) {
+    throw UsageError("--time-budget",
+                     fmt::format("must be a positive number of seconds, got {}", options.time_budget()));
+  }
+  if (!(options.memory_budget_mb() >= 0) || !std::isfinite(options.memory_budget_mb())) {
+    throw UsageError("--memory-budget",
+                     fmt::format("must be a number of MB, 0 for any, got {}", options.memory_budget_mb()));
+  }
+  if (options.rounds() < 1) throw UsageError("--rounds", fmt::format("must be at least 1, got {}", options.rounds()));
+}
+
 TuneResult tune_throughput(const train::TrainConfig& base, const TuneOptions& options) {
+  validate(options);
   return Tuner(base, options).run();
 }
 

@@ -220,7 +220,11 @@ TEST_F(CliTune, TimeToAccuracySearchesTheRecipeOnAValidationSplitAndMeasuresItOn
 
 TEST_F(CliTune, BadOptionsAreOneLine) {
   EXPECT_TRUE(fails_with(tune({{"--objective", "time-to-accuracy"}}), 2, {"--target-accuracy"}));
-  EXPECT_TRUE(fails_with(tune({{"--time-budget", "-3"}}), 2, {"--time-budget"}));
+  for (const char* budget : {"-3", "0", "nan", "inf"}) {  // not a 309-digit range: CLI11's, printed by std::to_string
+    EXPECT_TRUE(fails_with(tune({{"--time-budget", budget}}), 2,
+                           {"--time-budget: must be a positive number of seconds, got"}));
+  }
+  EXPECT_TRUE(fails_with(tune({{"--memory-budget", "-1"}}), 2, {"--memory-budget", "got -1"}));
   EXPECT_TRUE(fails_with(tune({{"--objective", "accuracy"}}), 2, {"--objective"}));
   EXPECT_TRUE(fails_with(run_cli({"tune", "--model", "mlp"}), 2, {"--report"}));
   EXPECT_TRUE(fails_with(tune({{"--data", (dir_ / "nowhere").string()}}), 1, {"nowhere"}));

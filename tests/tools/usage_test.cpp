@@ -31,6 +31,16 @@ TEST(CliUsage, ProfileHelpListsTheProfilerFlags) {
   expect_mentions(result.out, {"--profile", "--trace", "--max-steps", "--model"});
 }
 
+// Numbers out of range are refused in words, never with CLI11's 309-digit bound.
+TEST(CliUsage, NumbersOutOfRangeAreRefusedInWords) {
+  EXPECT_TRUE(fails_with(run_cli({"bench", "sketch", "--in", "0", "--out", "8"}), 2,
+                         {"--in: must be a positive number, got '0'"}));
+  EXPECT_TRUE(fails_with(run_cli({"bench", "sketch", "--in", "8", "--out", "8", "--batch", "inf"}), 2,
+                         {"--batch: must be a positive number, got 'inf'"}));
+  EXPECT_TRUE(fails_with(run_cli({"optimize", "in.pt", "-o", "out.pt", "--measure-seconds", "-1"}), 2,
+                         {"--measure-seconds: must be a non-negative number, got '-1'"}));
+}
+
 TEST(CliUsage, NoSubcommandIsAUsageError) {
   EXPECT_EQ(run_cli({}).exit_code, 2);
 }

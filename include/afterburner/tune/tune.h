@@ -111,6 +111,10 @@ struct TuneResult {
 // The technique of TuneResult::final_comparison.
 inline constexpr const char* kAllFasterTogether = "all faster together";
 
+// UsageError naming the flag for a time budget that is not a positive number of seconds, a
+// negative memory budget or no rounds; both tunes call it first.
+void validate(const TuneOptions& options);
+
 TuneResult tune_throughput(const train::TrainConfig& base, const TuneOptions& options);
 
 // Single runs of one recipe differ by up to this much in training time here: a change that alters
