@@ -140,16 +140,8 @@ std::function<int()> add_bench_sketch(CLI::App& bench) {
   sub->add_flag("--json", args->json, "print the results as JSON");
   auto* landscape = sub->add_flag("--landscape", args->landscape, "sweep --terms-list x --ranks");
   landscape->excludes(terms)->excludes(rank);
-  sub->add_option("--terms-list", args->terms_list, "terms L of the landscape (comma-separated)")
-      ->delimiter(',')
-      ->capture_default_str()
-      ->check(kPositive)
-      ->needs(landscape);
-  sub->add_option("--ranks", args->ranks, "ranks k of the landscape (comma-separated)")
-      ->delimiter(',')
-      ->capture_default_str()
-      ->check(kPositive)
-      ->needs(landscape);
+  add_list_option(sub, "--terms-list", args->terms_list, "terms L of the landscape")->needs(landscape);
+  add_list_option(sub, "--ranks", args->ranks, "ranks k of the landscape")->needs(landscape);
   sub->add_option("--csv", args->csv, "landscape: write one CSV row per (L, k) here")->needs(landscape);
   sub->add_option("--svg", args->svg, "landscape: write a heatmap of the forward speedup here")->needs(landscape);
   return [args] { return run_sketch_bench(*args); };

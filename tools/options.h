@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace afterburner::tools {
 
@@ -24,5 +26,31 @@ inline CLI::Validator number_check(bool zero_allowed) {
 }
 inline const CLI::Validator kPositive = number_check(false);
 inline const CLI::Validator kNonNegative = number_check(true);
+
+// A comma-separated list of positive integers in one argument (--ranks 8,16,32), shown in --help
+// as it is given: "INT,...=8,16,32".
+template <typename Integer>
+CLI::Option* add_list_option(CLI::App* app, const std::string& name, std::vector<Integer>& values,
+                             const std::string& help) {
+  return app
+      ->add_option_function<std::string>(
+          name,
+          [name, &values](const std::string& text) {
+            std::vector<Integer> parsed;
+            std::stringstream items(text);
+            for (std::string item; std::getline(items, item, ',');) {
+              Integer value = 0;
+              if (!CLI::detail::lexical_cast(item, value) || value <= 0) {
+                throw CLI::ValidationError(name, fmt::format("expected positive integers separated by commas, got '{}'", text));
+              }
+              parsed.push_back(value);
+            }
+            if (parsed.empty()) throw CLI::ValidationError(name, "expected at least one integer");
+            values = parsed;
+          },
+          help + " (comma-separated)")
+      ->type_name("INT,...")
+      ->default_str(fmt::format("{}", fmt::join(values, ",")));
+}
 
 }  // namespace afterburner::tools

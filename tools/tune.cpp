@@ -46,14 +46,17 @@ Command add_tune_command(CLI::App& app) {
   auto flags = std::make_shared<TuneFlags>();
   sub->add_option("--time-budget", flags->time_budget, "seconds for all trials and accuracy checks, roughly")
       ->capture_default_str();
-  sub->add_option("--report", flags->report_dir, "directory for tune.json, recommended.toml and report.md")->required();
+  sub->add_option("--report", flags->report_dir, "directory for tune.json, recommended.toml and report.md")
+      ->type_name("PATH")
+      ->required();
   sub->add_option("--objective", flags->objective,
                   "throughput: samples/s of each technique; time-to-accuracy: the recipe that reaches "
                   "--target-accuracy soonest on a validation split")
       ->check(CLI::IsMember({"throughput", "time-to-accuracy"}))
       ->capture_default_str();
   sub->add_flag("--lr-find", flags->lr_find, "run a learning-rate range test first, and plot it");
-  sub->add_option("--memory-budget", flags->memory_budget_mb, "MB of tensor memory a training step may use (0 = any)");
+  sub->add_option("--memory-budget", flags->memory_budget_mb, "MB of tensor memory a training step may use (0 = any)")
+      ->capture_default_str();
   sub->add_option("--rounds", flags->rounds, "alternating pairs per trial")->check(CLI::Range(1, 100))->capture_default_str();
   return {sub, [options, flags] {
             InterruptGuard guard;
