@@ -15,6 +15,7 @@
 #include "afterburner/profile/memory.h"
 #include "afterburner/sketch/benchmark.h"
 #include "commands.h"
+#include "options.h"
 
 namespace afterburner::tools {
 namespace {
@@ -121,34 +122,26 @@ int run_sketch_bench(const SketchBenchArgs& args) {
 std::function<int()> add_bench_sketch(CLI::App& bench) {
   auto* sub = bench.add_subcommand("sketch", "SKLinear against torch::nn::Linear: time, parameters, FLOPs");
   auto args = std::make_shared<SketchBenchArgs>();
-  sub->add_option("--in", args->in, "input features")->required()->check(CLI::PositiveNumber);
-  sub->add_option("--out", args->out, "output features")->required()->check(CLI::PositiveNumber);
+  sub->add_option("--in", args->in, "input features")->required()->check(kPositive);
+  sub->add_option("--out", args->out, "output features")->required()->check(kPositive);
   auto* terms =
-      sub->add_option("--terms", args->terms, "sketched terms L")->capture_default_str()->check(CLI::PositiveNumber);
+      sub->add_option("--terms", args->terms, "sketched terms L")->capture_default_str()->check(kPositive);
   auto* rank =
-      sub->add_option("--rank", args->rank, "rank k of each term")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--batch", args->batch, "rows per call")->capture_default_str()->check(CLI::PositiveNumber);
+      sub->add_option("--rank", args->rank, "rank k of each term")->capture_default_str()->check(kPositive);
+  sub->add_option("--batch", args->batch, "rows per call")->capture_default_str()->check(kPositive);
   sub->add_option("--reps", args->reps, "timed repetitions of each step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   sub->add_option("--threads", args->threads, "intra-op threads (default: all available cores)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   sub->add_option("--dtype", args->dtype, "fp32 or bf16, for both layers")
       ->capture_default_str()
       ->check(CLI::IsMember(kDtypes));
   sub->add_flag("--json", args->json, "print the results as JSON");
   auto* landscape = sub->add_flag("--landscape", args->landscape, "sweep --terms-list x --ranks");
   landscape->excludes(terms)->excludes(rank);
-  sub->add_option("--terms-list", args->terms_list, "terms L of the landscape (comma-separated)")
-      ->delimiter(',')
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber)
-      ->needs(landscape);
-  sub->add_option("--ranks", args->ranks, "ranks k of the landscape (comma-separated)")
-      ->delimiter(',')
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber)
-      ->needs(landscape);
+  add_list_option(sub, "--terms-list", args->terms_list, "terms L of the landscape")->needs(landscape);
+  add_list_option(sub, "--ranks", args->ranks, "ranks k of the landscape")->needs(landscape);
   sub->add_option("--csv", args->csv, "landscape: write one CSV row per (L, k) here")->needs(landscape);
   sub->add_option("--svg", args->svg, "landscape: write a heatmap of the forward speedup here")->needs(landscape);
   return [args] { return run_sketch_bench(*args); };

@@ -9,7 +9,8 @@ ConfigOptions::ConfigOptions(CLI::App* command, const train::TrainConfig& defaul
     : defaults_(defaults),
       given_(std::make_shared<std::map<std::string, std::string>>()),
       flag_storage_(std::make_shared<std::map<std::string, std::string>>()) {
-  command->add_option("--config", config_file_, "TOML file of options (keys as the flags, with _ for -)");
+  command->add_option("--config", config_file_, "TOML file of options (keys as the flags, with _ for -)")
+      ->type_name("PATH");
   for (const auto& field : train::config_fields()) {
     if (excluded.count(field.name)) continue;
     std::string flag = field.name;
@@ -25,6 +26,7 @@ ConfigOptions::ConfigOptions(CLI::App* command, const train::TrainConfig& defaul
     } else {
       command->add_option_function<std::string>(
                  "--" + flag, [given, name](const std::string& value) { (*given)[name] = value; }, field.help)
+          ->type_name(field.type)
           ->default_str(field.get(defaults_));
     }
   }

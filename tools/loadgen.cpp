@@ -12,6 +12,7 @@
 #include "afterburner/core/error.h"
 #include "afterburner/serve/loadgen.h"
 #include "commands.h"
+#include "options.h"
 
 namespace afterburner::tools {
 namespace {
@@ -88,9 +89,7 @@ Command add_loadgen_command(CLI::App& app) {
   auto args = std::make_shared<LoadgenArgs>();
   sub->add_option("--url", args->url, "server, http://IP[:PORT]")->capture_default_str();
   sub->add_option("--model", args->model, "model to infer with")->required();
-  sub->add_option("--concurrency", args->concurrency, "connections, one run each (comma-separated)")
-      ->delimiter(',')
-      ->capture_default_str();
+  add_list_option(sub, "--concurrency", args->concurrency, "connections, one run each");
   sub->add_option("--duration", args->duration, "seconds per run")->capture_default_str();
   sub->add_option("--rate", args->rate, "requests/s of a Poisson open loop (default: closed loop)");
   sub->add_option("--input", args->input, "request body file (default: one random sample from the model's metadata)");

@@ -13,6 +13,7 @@
 #include "afterburner/infer/measure.h"
 #include "afterburner/infer/optimize_file.h"
 #include "commands.h"
+#include "options.h"
 
 namespace afterburner::tools {
 namespace {
@@ -140,12 +141,12 @@ Command add_optimize_command(CLI::App& app) {
   sub->add_option("--tolerance", args->tolerance,
                   "largest max abs output difference accepted (default: " +
                       default_per_precision([](const infer::Tolerance& t) { return t.max_abs_diff(); }) + ")")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   sub->add_option("--relative-tolerance", args->relative_tolerance,
                   "added to --tolerance, as a fraction of the largest original output's magnitude (default: 0 with "
                   "--tolerance, else " +
                       default_per_precision([](const infer::Tolerance& t) { return t.relative(); }) + ")")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   sub->add_option("--min-agreement", args->min_agreement,
                   "smallest top-1 agreement accepted, 0..1 (default: " +
                       default_per_precision([](const infer::Tolerance& t) { return t.min_top1_agreement(); }) +
@@ -155,7 +156,7 @@ Command add_optimize_command(CLI::App& app) {
   sub->add_option("--threads", args->threads, "intra-op threads (default: all available cores)");
   sub->add_option("--measure-seconds", args->measure_seconds, "timing per batch size and model (0: no timing)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   return {sub, [args] { return run_optimize(*args); }};
 }
 

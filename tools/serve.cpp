@@ -131,9 +131,10 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--port", args->port, "port to listen on (0: any free one)")->capture_default_str();
   sub->add_option("--io-threads", args->io_threads, "threads for the sockets")->capture_default_str();
   sub->add_option("--intra-op-threads", args->intra_op_threads, "LibTorch threads per forward")->capture_default_str();
-  sub->add_flag("--batching,!--no-batching", args->batching, "dynamic batching (off: one request per forward)");
+  sub->add_flag("--batching,!--no-batching", args->batching,
+                "dynamic batching, on by default (--no-batching: one request per forward)");
   sub->add_flag("--keep-freed-memory,!--no-keep-freed-memory", args->keep_freed_memory,
-                "keep freed memory in the process for the next batch instead of returning it to the OS");
+                "keep freed memory in the process for the next batch instead of returning it to the OS, on by default");
   sub->add_option("--max-body-bytes", args->max_body_bytes, "larger request bodies get 413")->capture_default_str();
   sub->add_option("--read-timeout", args->read_timeout, "seconds a client has to send a request")->capture_default_str();
   sub->add_option("--idle-timeout", args->idle_timeout, "seconds a keep-alive connection may stay idle")

@@ -1,6 +1,4 @@
 // afterburner tune: which techniques make this model train faster here, and a configuration.
-#include <fmt/format.h>
-
 #include <iostream>
 #include <memory>
 
@@ -34,9 +32,10 @@ Command add_tune_command(CLI::App& app) {
                             "profile", "progress"});
   auto flags = std::make_shared<TuneFlags>();
   sub->add_option("--time-budget", flags->time_budget, "seconds for all trials and accuracy checks, roughly")
-      ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  sub->add_option("--report", flags->report_dir, "directory for tune.json, recommended.toml and report.md")->required();
+  sub->add_option("--report", flags->report_dir, "directory for tune.json, recommended.toml and report.md")
+      ->type_name("PATH")
+      ->required();
   sub->add_option("--objective", flags->objective,
                   "throughput: samples/s of each technique; time-to-accuracy: the recipe that reaches "
                   "--target-accuracy soonest on a validation split")
@@ -44,7 +43,7 @@ Command add_tune_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--lr-find", flags->lr_find, "run a learning-rate range test first, and plot it");
   sub->add_option("--memory-budget", flags->memory_budget_mb, "MB of tensor memory a training step may use (0 = any)")
-      ->check(CLI::NonNegativeNumber);
+      ->capture_default_str();
   sub->add_option("--rounds", flags->rounds, "alternating pairs per trial")->check(CLI::Range(1, 100))->capture_default_str();
   return {sub, [options, flags] {
             train::StopOnInterrupt stop_on_ctrl_c;  // ends the current measurement, keeps the finished trials
@@ -58,10 +57,7 @@ Command add_tune_command(CLI::App& app) {
             auto result = flags->objective == "throughput" ? tune::tune_throughput(options->resolve(), tune_options)
                                                            : tune::tune_time_to_accuracy(options->resolve(), tune_options);
             tune::write_report(result, flags->report_dir);
-            std::cout << tune::format_table(result);
-            const train::TrainConfig defaults;
-            std::cout << fmt::format("\nrecommended ({}/recommended.toml):\n{}", flags->report_dir,
-                                     train::to_toml(result.recommended, &defaults));
+            std::cout << tune::format_table(result) << "\n" << tune::format_recommendation(result, flags->report_dir);
             return result.interrupted ? 130 : 0;
           }};
 }

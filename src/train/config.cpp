@@ -51,7 +51,7 @@ using Member = T TrainConfig::*;
 // Field factories: one per value type, each with an optional check of the parsed value.
 ConfigField integer(std::string name, std::string help, Member<int64_t> member, int64_t min) {
   auto field = flag_name(name);
-  return {name, help, false,
+  return {name, help, false, "INT",
           [=](TrainConfig& c, const std::string& text) {
             int64_t v = parse_int(field, text);
             if (v < min) throw UsageError(field, fmt::format("must be at least {}, got {}", min, v));
@@ -62,7 +62,7 @@ ConfigField integer(std::string name, std::string help, Member<int64_t> member, 
 
 ConfigField number(std::string name, std::string help, Member<double> member, double min, double max) {
   auto field = flag_name(name);
-  return {name, help, false,
+  return {name, help, false, "FLOAT",
           [=](TrainConfig& c, const std::string& text) {
             double v = parse_double(field, text);
             if (!(v >= min && v <= max)) {
@@ -76,7 +76,7 @@ ConfigField number(std::string name, std::string help, Member<double> member, do
 ConfigField text(std::string name, std::string help, Member<std::string> member,
                  std::vector<std::string> choices = {}) {
   auto field = flag_name(name);
-  return {name, help, false,
+  return {name, help, false, "TEXT",
           [=](TrainConfig& c, const std::string& value) {
             if (!choices.empty() && std::find(choices.begin(), choices.end(), value) == choices.end()) {
               throw UsageError(field, fmt::format("must be one of {}, got '{}'", fmt::join(choices, ", "), value));
@@ -86,15 +86,21 @@ ConfigField text(std::string name, std::string help, Member<std::string> member,
           [=](const TrainConfig& c) { return c.*member; }};
 }
 
+ConfigField path(std::string name, std::string help, Member<std::string> member) {
+  ConfigField field = text(std::move(name), std::move(help), member);
+  field.type = "PATH";
+  return field;
+}
+
 ConfigField flag(std::string name, std::string help, Member<bool> member) {
   auto field = flag_name(name);
-  return {name, help, true,
+  return {name, help, true, "BOOL",
           [=](TrainConfig& c, const std::string& value) { c.*member = parse_bool(field, value); },
           [=](const TrainConfig& c) { return std::string(c.*member ? "true" : "false"); }};
 }
 
 ConfigField workers_field() {
-  return {"workers", "loader threads, or auto to measure and pick the fastest", false,
+  return {"workers", "loader threads, or auto to measure and pick the fastest", false, "INT|auto",
           [](TrainConfig& c, const std::string& value) {
             if (value == "auto") {
               c.workers = -1;
@@ -108,7 +114,7 @@ ConfigField workers_field() {
 }
 
 ConfigField seed_field() {
-  return {"seed", "seed for initialisation, shuffling and augmentation", false,
+  return {"seed", "seed for initialisation, shuffling and augmentation", false, "INT",
           [](TrainConfig& c, const std::string& value) {
             int64_t n = parse_int("--seed", value);
             if (n < 0) throw UsageError("--seed", "must not be negative");
@@ -118,7 +124,7 @@ ConfigField seed_field() {
 }
 
 ConfigField layer_list_field() {
-  return {"checkpoint_layers", "comma-separated layer indices to run with activation checkpointing", false,
+  return {"checkpoint_layers", "comma-separated layer indices to run with activation checkpointing", false, "INT,...",
           [](TrainConfig& c, const std::string& value) {
             c.checkpoint_layers.clear();
             std::stringstream in(value);
@@ -135,7 +141,7 @@ std::vector<ConfigField> make_fields() {
   return {
       text("model", "model from the zoo (mlp, cnn, resnet) or a TorchScript file to train in place (my_model.pt)",
            &TrainConfig::model),
-      text("data", "directory holding the MNIST-format IDX files (raw or .gz)", &TrainConfig::data),
+      path("data", "directory holding the MNIST-format IDX files (raw or .gz)", &TrainConfig::data),
       integer("epochs", "passes over the training set", &TrainConfig::epochs, 1),
       integer("batch_size", "samples per micro-batch, over all data-parallel ranks together", &TrainConfig::batch_size, 1),
       integer("eval_batch_size", "samples per evaluation batch", &TrainConfig::eval_batch_size, 1),
@@ -146,7 +152,8 @@ std::vector<ConfigField> make_fields() {
       number("weight_decay", "weight decay (decoupled for adamw)", &TrainConfig::weight_decay, 0, inf),
       text("schedule", "learning-rate schedule: constant, cosine, onecycle, step", &TrainConfig::schedule,
            {"constant", "cosine", "onecycle", "step"}),
-      integer("warmup_steps", "linear warm-up steps of the cosine schedule", &TrainConfig::warmup_steps, 0),
+      integer("warmup_steps", "linear warm-up steps of the cosine schedule (a run no longer is all warm-up)",
+              &TrainConfig::warmup_steps, 0),
       text("precision", "auto, fp32, bf16 or fp16 (auto = bf16 where the CPU has it natively)",
            &TrainConfig::precision, {"auto", "fp32", "bf16", "fp16"}),
       workers_field(),
@@ -167,15 +174,15 @@ std::vector<ConfigField> make_fields() {
       number("sketch_budget", "fraction of each layer's weights its sketch may use, when --sketch-rank is 0",
              &TrainConfig::sketch_budget, 1e-9, 1 - 1e-9),
       layer_list_field(),
-      text("checkpoint_dir", "directory for checkpoints (empty = none)", &TrainConfig::checkpoint_dir),
+      path("checkpoint_dir", "directory for checkpoints (empty = none)", &TrainConfig::checkpoint_dir),
       integer("checkpoint_every", "also checkpoint every N optimizer steps (0 = epoch ends only)",
               &TrainConfig::checkpoint_every, 0),
       flag("resume", "continue from the checkpoint in --checkpoint-dir", &TrainConfig::resume),
       seed_field(),
       integer("threads", "intra-op threads (0 = all cores)", &TrainConfig::threads, 0),
-      text("report", "write the final report as JSON to this file", &TrainConfig::report),
-      text("log_jsonl", "write one JSON line per step and per evaluation to this file", &TrainConfig::log_jsonl),
-      text("export", "write the trained model as TorchScript to this file", &TrainConfig::export_path),
+      path("report", "write the final report as JSON to this file", &TrainConfig::report),
+      path("log_jsonl", "write one JSON line per step and per evaluation to this file", &TrainConfig::log_jsonl),
+      path("export", "write the trained model as TorchScript to this file", &TrainConfig::export_path),
       number("target_accuracy", "stop once test accuracy reaches this (0 = off)", &TrainConfig::target_accuracy, 0, 1),
       number("validation_split",
              "fraction of the training set held out and evaluated instead of the test set (0 = the test set)",
@@ -191,7 +198,7 @@ std::vector<ConfigField> make_fields() {
       text("progress", "auto, bar, log or none", &TrainConfig::progress, {"auto", "bar", "log", "none"}),
       integer("profile", "profile this many steps and print the op table (0 = off)",
               &TrainConfig::profile_steps, 0),
-      text("trace", "Chrome trace JSON of the profiled steps", &TrainConfig::trace),
+      path("trace", "Chrome trace JSON of the profiled steps", &TrainConfig::trace),
       integer("nproc", "data-parallel ranks on this machine, each on its share of the cores", &TrainConfig::nproc, 1),
       integer("nnodes", "machines in a data-parallel job", &TrainConfig::nnodes, 1),
       integer("node_rank", "this machine's index in the job (0 to --nnodes - 1)", &TrainConfig::node_rank, 0),

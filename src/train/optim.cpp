@@ -76,10 +76,20 @@ std::string LrSchedule::describe() const {
   const auto& o = options_;
   if (o.kind() == "constant") return fmt::format("constant {}", base_lr_);
   if (o.kind() == "step") return fmt::format("step: {} times {} every {} steps", base_lr_, o.gamma(), o.step_size());
+  if (o.kind() == "cosine" && o.warmup_steps() >= total_steps_) {
+    // The run ends within the warm-up: say what the learning rate does, not a decay of 0 steps.
+    const std::string steps = o.warmup_steps() == total_steps_
+                                  ? "are all warm-up"
+                                  : fmt::format("are the first {} of {} warm-up steps towards lr {}", total_steps_,
+                                                o.warmup_steps(), base_lr_);
+    return fmt::format("warm-up only: the run's {} steps {}, so the lr rises linearly from {:.3g} to {}{:.3g} and the "
+                       "cosine to {} never starts",
+                       total_steps_, steps, lr_at(0), o.warmup_steps() == total_steps_ ? "" : "only ",
+                       lr_at(total_steps_ - 1), base_lr_ * o.final_lr_fraction());
+  }
   if (o.kind() == "cosine") {
     return fmt::format("cosine from {} to {} over {} steps after {} warm-up steps", base_lr_,
-                       base_lr_ * o.final_lr_fraction(), std::max<int64_t>(total_steps_ - o.warmup_steps(), 0),
-                       o.warmup_steps());
+                       base_lr_ * o.final_lr_fraction(), total_steps_ - o.warmup_steps(), o.warmup_steps());
   }
   return fmt::format("onecycle over {} steps: {} up to {} in the first {:.0f}%, then down to {:.3g}", total_steps_,
                      base_lr_ / o.div_factor(), base_lr_, 100 * o.pct_start(), lr_at(total_steps_ - 1));

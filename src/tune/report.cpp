@@ -7,6 +7,7 @@
 
 #include "afterburner/core/file_writer.h"
 #include "afterburner/tune/tune.h"
+#include "changes.h"
 #include "svg.h"
 
 namespace afterburner::tune {
@@ -14,9 +15,26 @@ namespace {
 
 std::string recommendation_markdown(const TuneResult& r) {
   const auto changes = train::to_toml(r.recommended, &r.baseline);
-  return changes.empty() ? std::string("Recommended: the configuration as given; nothing better passed the checks.\n\n")
-                         : "Recommended, changing the configuration given by:\n\n```toml\n" + changes +
-                               "```\n\nThe whole configuration is recommended.toml, for `afterburner train --config`.\n\n";
+  return "Recommended: " + recommendation(r) + ".\n\n" +
+         (changes.empty() ? "" : "Against the configuration given:\n\n```toml\n" + changes +
+                                     "```\n\nThe whole configuration is recommended.toml, for `afterburner train "
+                                     "--config`.\n\n");
+}
+
+// The recommended options that differ from the defaults, as TOML: what recommended.toml sets.
+std::string options_set(const TuneResult& r) {
+  const train::TrainConfig defaults;
+  return train::to_toml(r.recommended, &defaults);
+}
+
+std::string report_file(const std::string& dir, const char* name) {
+  return (std::filesystem::path(dir) / name).string();
+}
+
+std::string recommended_toml(const TuneResult& r, const std::string& path) {
+  const auto options = options_set(r);
+  return fmt::format("# afterburner tune recommends {}\n# afterburner train --config {}\n{}", recommendation(r), path,
+                     options.empty() ? "# every option at its default: nothing to set\n" : options);
 }
 
 std::string lr_find_markdown(const TuneResult& r) {
@@ -155,7 +173,9 @@ nlohmann::json throughput_json(const TuneResult& r) {
   nlohmann::json trials_json = nlohmann::json::array();
   for (const auto& t : r.trials) trials_json.push_back(trial_json(t));
   nlohmann::json j{{"trials", trials_json},
-                   {"recommended_vs_baseline", trial_json(r.final_comparison)},
+                   {"all_faster_together", trial_json(r.final_comparison)},
+                   {"recommended_vs_baseline",
+                    r.recommended_trial ? trial_json(*r.recommended_trial) : nlohmann::json()},
                    {"best_single", r.best_single},
                    {"best_single_speedup", r.best_single_speedup},
                    {"accuracy_checks", nlohmann::json::array()}};
@@ -192,7 +212,7 @@ void write_throughput_plots(const TuneResult& r, const std::function<std::string
   }
   if (r.final_comparison.samples_per_sec.median > 0) {
     const auto& f = r.final_comparison;
-    bars.push_back({"recommended", f.speedup.median, f.speedup.min, f.speedup.max});
+    bars.push_back({f.technique, f.speedup.median, f.speedup.min, f.speedup.max});
   }
   write_file_atomically(path("speedups.svg"),
                         svg::bar_chart("Training throughput against the baseline (median, whiskers min-max)",
@@ -235,6 +255,7 @@ nlohmann::json TuneResult::to_json() const {
   j["objective"] = objective;
   j["baseline"] = train::to_toml(baseline);
   j["recommended"] = train::to_toml(recommended);
+  j["recommendation"] = recommendation(*this);
   j["notes"] = notes;
   j["interrupted"] = interrupted;
   if (lr_find) j["lr_find"] = lr_find->to_json();
@@ -259,14 +280,31 @@ std::string format_table(const TuneResult& r) {
   return text;
 }
 
+std::string recommendation(const TuneResult& r) {
+  const Changes changes = differences(r.baseline, r.recommended);
+  if (changes.empty()) {
+    return "the options given, unchanged" + (r.kept_because.empty() ? "" : ": " + r.kept_because);
+  }
+  if (!r.recommended_trial) return describe(changes);
+  const Trial& trial = *r.recommended_trial;
+  return fmt::format("{}{}: {:.2f}x the samples/s of the options given", describe(changes),
+                     trial.technique == kAllFasterTogether ? " (all faster settings together)" : "",
+                     trial.speedup.median);
+}
+
+std::string format_recommendation(const TuneResult& r, const std::string& dir) {
+  const auto options = options_set(r);
+  return fmt::format("recommended: {}\n{}, for afterburner train --config:\n{}", recommendation(r),
+                     report_file(dir, "recommended.toml"),
+                     options.empty() ? "(every option at its default)\n" : options);
+}
+
 void write_report(const TuneResult& r, const std::string& dir) {
   namespace fs = std::filesystem;
   fs::create_directories(dir);
-  const train::TrainConfig defaults;
-  auto path = [&](const char* name) { return (fs::path(dir) / name).string(); };
+  auto path = [&](const char* name) { return report_file(dir, name); };
   write_file_atomically(path("tune.json"), r.to_json().dump(2) + "\n");
-  write_file_atomically(path("recommended.toml"), "# afterburner tune's recommendation: afterburner train --config " +
-                                                      path("recommended.toml") + "\n" + train::to_toml(r.recommended, &defaults));
+  write_file_atomically(path("recommended.toml"), recommended_toml(r, path("recommended.toml")));
   if (r.lr_find) {
     svg::Series raw{"loss", {}}, smoothed{"smoothed loss", {}};
     for (size_t i = 0; i < r.lr_find->lrs.size(); ++i) {

@@ -146,7 +146,12 @@ class RecipeSearch {
     result_.recipe_trials.push_back(best);
     search(best);
     // The user's own options (outputs, progress, split) with what the search changed.
-    result_.recommended = with(user_, differences(base_, best.config));
+    const Changes changes = differences(base_, best.config);
+    result_.recommended = with(user_, changes);
+    if (changes.empty()) {
+      result_.kept_because =
+          result_.interrupted ? "interrupted before a change won" : "no change reached the target sooner";
+    }
     measure_on_test(best.config);
     return std::move(result_);
   }
@@ -247,6 +252,7 @@ class RecipeSearch {
 }  // namespace
 
 TuneResult tune_time_to_accuracy(const train::TrainConfig& base, const TuneOptions& options) {
+  validate(options);
   return RecipeSearch(base, options).run();
 }
 

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <set>
 
+#include "afterburner/core/error.h"
 #include "afterburner/core/threads.h"
 #include "afterburner/profile/alternate.h"
 #include "afterburner/train/session.h"
@@ -234,14 +236,14 @@ class Tuner {
       if (trial.verdict == "faster") faster.push_back(&trial);
     }
     if (faster.empty() || result_.interrupted) {
-      result_.notes.push_back(faster.empty() ? "no setting was measurably faster: keep yours"
-                                             : "interrupted: no recommendation measured");
+      result_.kept_because =
+          faster.empty() ? "no setting was measurably faster" : "interrupted before a recommendation was measured";
       return;
     }
     std::stable_sort(faster.begin(), faster.end(),
                      [](const Trial* a, const Trial* b) { return a->speedup.median > b->speedup.median; });
     const Trial& best = *faster.front();
-    Candidate together{"recommended", {}, false};
+    Candidate together{kAllFasterTogether, {}, false};
     std::set<std::string> fields_set;
     for (const Trial* trial : faster) {
       Changes changes = differences(base_, trial->config);
@@ -260,20 +262,26 @@ class Tuner {
       choices.insert(choices.begin(), &result_.final_comparison);
     }
     for (const Trial* choice : choices) {
-      if (stopped()) return;
+      if (stopped()) {
+        result_.kept_because = "interrupted during the accuracy checks";
+        return;
+      }
       if (!choice->changes_numerics || accuracy_holds(*choice)) {
         result_.recommended = choice->config;
+        result_.recommended_trial = *choice;
         return;
       }
     }
-    result_.notes.push_back("every faster setting changes numerics and none passed an accuracy check: keep yours");
+    result_.kept_because = result_.accuracy_checks.empty()
+                               ? "every faster setting changes numerics, and none was checked for accuracy"
+                               : "every faster setting changes numerics, and none passed an accuracy check";
   }
 
   // One epoch on a 10% validation split against the baseline in fp32 (trained once), unless
   // that would overrun the budget: then the setting is not recommended, and the note says why.
   bool accuracy_holds(const Trial& trial) {
     if (!options_.check_accuracy()) return false;
-    const std::string setting = trial.technique == "recommended" ? "the faster settings together" : trial.setting;
+    const std::string setting = trial.technique == kAllFasterTogether ? "the faster settings together" : trial.setting;
     const bool with_reference = !validation_data_;  // the fp32 reference trains at the first check
     const double check_seconds =
         (with_reference ? 2 : 1) * (1 - kValidationSplit) * double(data_.train->size()) * sample_seconds_;
@@ -325,7 +333,20 @@ class Tuner {
 
 }  // namespace
 
+void validate(const TuneOptions& options) {
+  if (!(options.time_budget() > 0) || !std::isfinite(options.time_budget())) {
+    throw UsageError("--time-budget",
+                     fmt::format("must be a positive number of seconds, got {}", options.time_budget()));
+  }
+  if (!(options.memory_budget_mb() >= 0) || !std::isfinite(options.memory_budget_mb())) {
+    throw UsageError("--memory-budget",
+                     fmt::format("must be a number of MB, 0 for any, got {}", options.memory_budget_mb()));
+  }
+  if (options.rounds() < 1) throw UsageError("--rounds", fmt::format("must be at least 1, got {}", options.rounds()));
+}
+
 TuneResult tune_throughput(const train::TrainConfig& base, const TuneOptions& options) {
+  validate(options);
   return Tuner(base, options).run();
 }
 

@@ -1,10 +1,14 @@
 """A model written in Python with a sketched layer, fused with afterburner.nn.fuse and saved by
 torch.jit.save, runs in afterburner's C++ tools: `afterburner optimize` rewrites and verifies it,
-`afterburner serve` answers requests with it, and both agree with the Python model."""
+`afterburner serve` answers requests with it (also the README's binary tensor example), and both
+agree with the Python model."""
+import contextlib
+import gzip
 import json
 import os
 import re
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -17,6 +21,7 @@ BINARY = os.environ.get("AFTERBURNER_BINARY", "")
 pytestmark = pytest.mark.skipif(not BINARY, reason="AFTERBURNER_BINARY is set by ctest")
 
 SOURCE_DIR = Path(os.environ.get("AFTERBURNER_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
 def readme_config():
@@ -70,12 +75,13 @@ def infer(port, x):
     return torch.tensor(output["data"]).view(output["shape"])
 
 
-def test_serve_answers_as_the_python_model(fused_cnn, tmp_path):
-    model, path = fused_cnn
-    (tmp_path / "cnn").mkdir()
-    (tmp_path / "cnn" / "model.pt").write_bytes(path.read_bytes())
-    (tmp_path / "cnn" / "config.toml").write_text(readme_config())  # max_batch_size 64
-    server = subprocess.Popen([BINARY, "serve", "--repo", str(tmp_path), "--port", "0"], stdout=subprocess.PIPE,
+@contextlib.contextmanager
+def served_cnn(path, repo):
+    """`afterburner serve` of the model file as models/cnn with the README's config: its port."""
+    (repo / "cnn").mkdir()
+    (repo / "cnn" / "model.pt").write_bytes(path.read_bytes())
+    (repo / "cnn" / "config.toml").write_text(readme_config())  # max_batch_size 64
+    server = subprocess.Popen([BINARY, "serve", "--repo", str(repo), "--port", "0"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
         port = None
@@ -85,12 +91,39 @@ def test_serve_answers_as_the_python_model(fused_cnn, tmp_path):
                 port = int(match.group(1))
                 break
         assert port, f"the server did not start: {server.stderr.read() if server.poll() is not None else ''}"
-        with torch.no_grad():
-            for batch in (1, 2, 7, 64):
-                x = torch.randn(batch, 1, 28, 28)
-                expected = model(x)
-                for _ in range(2):
-                    torch.testing.assert_close(infer(port, x), expected, rtol=1e-5, atol=1e-5)
+        yield port
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_serve_answers_as_the_python_model(fused_cnn, tmp_path):
+    model, path = fused_cnn
+    with served_cnn(path, tmp_path) as port, torch.no_grad():
+        for batch in (1, 2, 7, 64):
+            x = torch.randn(batch, 1, 28, 28)
+            expected = model(x)
+            for _ in range(2):
+                torch.testing.assert_close(infer(port, x), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs the dataset")
+def test_the_readme_binary_example_gets_the_models_answer(fused_cnn, tmp_path):
+    """The README's binary tensor extension example, run as printed against the server, gets the
+    model's logits for the normalised first test image."""
+    model, path = fused_cnn
+    readme = (SOURCE_DIR / "README.md").read_text()
+    section = readme[readme.index("## Optimize and serve"):readme.index("## Sketch")]
+    example = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    with gzip.open(FASHION_MNIST / "t10k-images-idx3-ubyte.gz") as f:
+        pixels = torch.frombuffer(bytearray(f.read(16 + 784)[16:]), dtype=torch.uint8)
+    image = ((pixels.float() / 255 - 0.2860) / 0.3530).view(1, 1, 28, 28)
+    with torch.no_grad():
+        expected = model(image)[0]
+    with served_cnn(path, tmp_path) as port:
+        run = subprocess.run([sys.executable, "-c", example.replace("127.0.0.1:8000", f"127.0.0.1:{port}") +
+                              "print(json.dumps(logits))\n"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    printed_class, logits = run.stdout.splitlines()
+    torch.testing.assert_close(torch.tensor(json.loads(logits)), expected, rtol=1e-5, atol=1e-5)
+    assert printed_class == f"class {int(expected.argmax())}"

@@ -141,11 +141,22 @@ TEST_F(CliTune, BatchSizesPredictedAboveTheMemoryBudgetAreNotTried) {
 }
 
 // The trials shrink to their fewest steps and say so; no accuracy check fits, so nothing that
-// changes numerics is recommended, whatever the trials measured.
+// changes numerics is recommended, whatever the trials measured, and no output says otherwise.
 TEST_F(CliTune, ABudgetTooSmallIsNotedAndRecommendsNothingUnchecked) {
-  auto result = tune({{"--time-budget", "0.01"}});
+  auto result = tune({{"--time-budget", "0.01"}, {"--report", report_dir().string() + "/"}});
   ASSERT_EQ(result.exit_code, 0) << result.err;
+  // The faster settings together are measured, but only a recommendation is called one.
+  EXPECT_EQ(result.out.find("\nrecommended "), std::string::npos) << result.out;
+  const auto recommended_line = result.out.find("\nrecommended: ");
+  ASSERT_NE(recommended_line, std::string::npos) << result.out;
   auto report = read_json(report_dir() / "tune.json");
+  const auto recommendation = report.at("recommendation").get<std::string>();
+  EXPECT_EQ(result.out.find("recommended: " + recommendation + "\n"), recommended_line + 1) << result.out;
+  const auto toml_file = report_dir() / "recommended.toml";  // the path joined: no "tune//"
+  EXPECT_EQ(read_file(toml_file).rfind("# afterburner tune recommends " + recommendation + "\n", 0), 0u);
+  EXPECT_NE(result.out.find(toml_file.string() + ", for afterburner train --config:\n", recommended_line),
+            std::string::npos)
+      << result.out;
   const auto notes = report.at("notes").dump();
   EXPECT_NE(notes.find("at their fewest steps"), std::string::npos) << notes;
   EXPECT_TRUE(report.at("accuracy_checks").empty()) << report.at("accuracy_checks").dump();
@@ -209,7 +220,11 @@ TEST_F(CliTune, TimeToAccuracySearchesTheRecipeOnAValidationSplitAndMeasuresItOn
 
 TEST_F(CliTune, BadOptionsAreOneLine) {
   EXPECT_TRUE(fails_with(tune({{"--objective", "time-to-accuracy"}}), 2, {"--target-accuracy"}));
-  EXPECT_TRUE(fails_with(tune({{"--time-budget", "-3"}}), 2, {"--time-budget"}));
+  for (const char* budget : {"-3", "0", "nan", "inf"}) {  // not a 309-digit range: CLI11's, printed by std::to_string
+    EXPECT_TRUE(fails_with(tune({{"--time-budget", budget}}), 2,
+                           {"--time-budget: must be a positive number of seconds, got"}));
+  }
+  EXPECT_TRUE(fails_with(tune({{"--memory-budget", "-1"}}), 2, {"--memory-budget", "got -1"}));
   EXPECT_TRUE(fails_with(tune({{"--objective", "accuracy"}}), 2, {"--objective"}));
   EXPECT_TRUE(fails_with(run_cli({"tune", "--model", "mlp"}), 2, {"--report"}));
   EXPECT_TRUE(fails_with(tune({{"--data", (dir_ / "nowhere").string()}}), 1, {"nowhere"}));

@@ -1,6 +1,9 @@
 // The command line itself: help, exit codes, and one clear error line per bad flag or value.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <sstream>
+
 #include "cli_helpers.h"
 #include "testing.h"
 
@@ -29,6 +32,72 @@ TEST(CliUsage, ProfileHelpListsTheProfilerFlags) {
   auto result = run_cli({"profile", "--help"});
   EXPECT_EQ(result.exit_code, 0) << result.err;
   expect_mentions(result.out, {"--profile", "--trace", "--max-steps", "--model"});
+}
+
+// Each option's line in --help: "  --name TYPE=default ...".
+std::string option_line(const std::string& help, const std::string& option) {
+  auto at = help.find("  " + option + " ");
+  if (at == std::string::npos) return "";
+  return help.substr(at + 2, help.find('\n', at) - at - 2);
+}
+
+// Options show their value's type and their default as they are given: numbers are not TEXT,
+// lists are comma-separated.
+TEST(CliUsage, HelpShowsEachOptionsTypeAndDefault) {
+  for (const char* command : {"train", "profile", "tune"}) {
+    auto result = run_cli({command, "--help"});
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    std::istringstream lines(result.out);
+    for (std::string line; std::getline(lines, line);) {
+      auto text = line.find(" TEXT=");
+      if (text == std::string::npos) continue;
+      auto value = line.substr(text + 6, line.find(' ', text + 6) - text - 6);
+      char* end = nullptr;
+      std::strtod(value.c_str(), &end);
+      EXPECT_FALSE(!value.empty() && *end == '\0') << command << ": a number as TEXT: " << line;
+    }
+    EXPECT_EQ(option_line(result.out, "--lr").rfind("--lr FLOAT=0.1 ", 0), 0u) << result.out;
+    EXPECT_EQ(option_line(result.out, "--threads").rfind("--threads INT=0 ", 0), 0u) << result.out;
+    EXPECT_EQ(option_line(result.out, "--workers").rfind("--workers INT|auto=1 ", 0), 0u) << result.out;
+    EXPECT_EQ(option_line(result.out, "--checkpoint-layers").rfind("--checkpoint-layers INT,... ", 0), 0u)
+        << result.out;
+    EXPECT_EQ(option_line(result.out, "--data").rfind("--data PATH=/usr/share/datasets/fashion-mnist", 0), 0u);
+    EXPECT_EQ(option_line(result.out, "--optimizer").rfind("--optimizer TEXT=sgd ", 0), 0u) << result.out;
+  }
+  const auto profile = run_cli({"profile", "--help"}).out;
+  EXPECT_EQ(option_line(profile, "--profile").rfind("--profile INT=20 ", 0), 0u) << profile;
+  const auto tune = run_cli({"tune", "--help"}).out;
+  EXPECT_EQ(option_line(tune, "--time-budget").rfind("--time-budget FLOAT=300 ", 0), 0u) << tune;
+  EXPECT_EQ(option_line(tune, "--memory-budget").rfind("--memory-budget FLOAT=0 ", 0), 0u) << tune;
+  const auto loadgen = run_cli({"loadgen", "--help"}).out;
+  EXPECT_EQ(option_line(loadgen, "--concurrency"), "--concurrency INT,...=1,8,64") << loadgen;
+  const auto bench = run_cli({"bench", "sketch", "--help"}).out;
+  EXPECT_EQ(option_line(bench, "--terms-list").rfind("--terms-list INT,...=1,2,4 ", 0), 0u) << bench;
+  EXPECT_EQ(option_line(bench, "--ranks").rfind("--ranks INT,...=8,16,32,64 ", 0), 0u) << bench;
+  const auto serve = run_cli({"serve", "--help"}).out;
+  const auto batching = serve.find("--batching");
+  ASSERT_NE(batching, std::string::npos) << serve;
+  EXPECT_NE(serve.substr(batching, serve.find("\n  --", batching) - batching).find("on by default"), std::string::npos)
+      << serve;
+}
+
+// A list given as --help shows it is taken as given.
+TEST(CliUsage, ListsAreGivenAsHelpShowsThem) {
+  auto printed = run_cli({"train", "--checkpoint-layers", "0,2", "--print-config"});
+  ASSERT_EQ(printed.exit_code, 0) << printed.err;
+  EXPECT_NE(printed.out.find("checkpoint_layers = '0,2'"), std::string::npos) << printed.out;
+  EXPECT_TRUE(fails_with(run_cli({"loadgen", "--model", "cnn", "--concurrency", "1,x"}), 2, {"--concurrency", "1,x"}));
+  EXPECT_TRUE(fails_with(run_cli({"loadgen", "--model", "cnn", "--concurrency", "0"}), 2, {"--concurrency", "0"}));
+}
+
+// Numbers out of range are refused in words, never with CLI11's 309-digit bound.
+TEST(CliUsage, NumbersOutOfRangeAreRefusedInWords) {
+  EXPECT_TRUE(fails_with(run_cli({"bench", "sketch", "--in", "0", "--out", "8"}), 2,
+                         {"--in: must be a positive number, got '0'"}));
+  EXPECT_TRUE(fails_with(run_cli({"bench", "sketch", "--in", "8", "--out", "8", "--batch", "inf"}), 2,
+                         {"--batch: must be a positive number, got 'inf'"}));
+  EXPECT_TRUE(fails_with(run_cli({"optimize", "in.pt", "-o", "out.pt", "--measure-seconds", "-1"}), 2,
+                         {"--measure-seconds: must be a non-negative number, got '-1'"}));
 }
 
 TEST(CliUsage, NoSubcommandIsAUsageError) {

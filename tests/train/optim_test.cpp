@@ -61,6 +61,23 @@ TEST(LrSchedule, CosineWarmupRampsLinearlyThenDecays) {
   EXPECT_NEAR(schedule.lr_at(110), 0.0, 1e-12);
 }
 
+// A run shorter than the warm-up (--max-steps 50 with the default 100) never reaches the peak
+// and never decays; the schedule line says so rather than "over 0 steps".
+TEST(LrSchedule, ARunWithinTheWarmupIsDescribedAsWarmupOnly) {
+  LrSchedule shorter(ScheduleOptions().kind("cosine").warmup_steps(100), 0.1, 50);
+  EXPECT_DOUBLE_EQ(shorter.lr_at(49), 0.05);
+  EXPECT_EQ(shorter.describe(),
+            "warm-up only: the run's 50 steps are the first 50 of 100 warm-up steps towards lr 0.1, so the lr rises "
+            "linearly from 0.001 to only 0.05 and the cosine to 0 never starts");
+  LrSchedule as_long(ScheduleOptions().kind("cosine").warmup_steps(50), 0.1, 50);
+  EXPECT_DOUBLE_EQ(as_long.lr_at(49), 0.1);
+  EXPECT_EQ(as_long.describe(),
+            "warm-up only: the run's 50 steps are all warm-up, so the lr rises linearly from 0.002 to 0.1 and the "
+            "cosine to 0 never starts");
+  EXPECT_EQ(LrSchedule(ScheduleOptions().kind("cosine").warmup_steps(10), 0.1, 50).describe(),
+            "cosine from 0.1 to 0 over 40 steps after 10 warm-up steps");
+}
+
 TEST(LrSchedule, UnknownKindIsAUsageError) {
   EXPECT_THROW(LrSchedule(ScheduleOptions().kind("exponential"), 0.1, 10), UsageError);
 }

@@ -74,6 +74,7 @@ struct ConfigField {
   std::string name;   // snake_case; the flag is --name with dashes
   std::string help;
   bool is_flag;       // a boolean: `--name` alone sets it
+  std::string type;   // the value's form in --help: INT, FLOAT, TEXT, PATH, INT,... (a list); BOOL for a flag
   std::function<void(TrainConfig&, const std::string&)> set;  // parses and validates
   std::function<std::string(const TrainConfig&)> get;
 };

@@ -53,7 +53,8 @@ class LrSchedule {
  public:
   LrSchedule(ScheduleOptions options, double base_lr, int64_t total_steps);
   double lr_at(int64_t step) const;
-  // E.g. "cosine from 0.1 to 0 over 1266 steps after 100 warm-up steps".
+  // E.g. "cosine from 0.1 to 0 over 1266 steps after 100 warm-up steps"; a run no longer than
+  // its warm-up is "warm-up only: ...", with the learning rate it reaches.
   std::string describe() const;
   void apply(torch::optim::Optimizer& optimizer, int64_t step) const;
 

@@ -90,7 +90,9 @@ struct TuneResult {
   train::TrainConfig baseline;
   train::TrainConfig recommended;
   std::vector<Trial> trials;
-  Trial final_comparison;           // the recommendation against the baseline
+  Trial final_comparison;           // all faster settings together (technique kAllFasterTogether), against the baseline
+  std::optional<Trial> recommended_trial;  // what `recommended` applies: a single setting's trial or final_comparison
+  std::string kept_because;         // throughput, no recommended_trial: why the options given are kept
   std::string best_single;          // the fastest single trial, "technique=setting"
   double best_single_speedup = 1;   // its median speedup
   double baseline_peak_tensor_mb = 0;
@@ -106,6 +108,13 @@ struct TuneResult {
   nlohmann::json to_json() const;
 };
 
+// The technique of TuneResult::final_comparison.
+inline constexpr const char* kAllFasterTogether = "all faster together";
+
+// UsageError naming the flag for a time budget that is not a positive number of seconds, a
+// negative memory budget or no rounds; both tunes call it first.
+void validate(const TuneOptions& options);
+
 TuneResult tune_throughput(const train::TrainConfig& base, const TuneOptions& options);
 
 // Single runs of one recipe differ by up to this much in training time here: a change that alters
@@ -117,8 +126,16 @@ inline constexpr double kRecipeNoise = 0.05;
 // when not set); a trial stops once it runs past the best time so far.
 TuneResult tune_time_to_accuracy(const train::TrainConfig& base, const TuneOptions& options);
 
-// The terminal table: technique, setting, samples/s median [min-max], speedup, peak memory, verdict.
+// The terminal table: technique, setting, samples/s median [min-max], speedup, peak memory, verdict;
+// then the notes.
 std::string format_table(const TuneResult& result);
+
+// What recommended.toml changes against the options given, in one line: "fuse=false: 1.06x the
+// samples/s of the options given", or "the options given, unchanged: no setting was measurably faster".
+std::string recommendation(const TuneResult& result);
+
+// The lines after the table: the recommendation, and DIR/recommended.toml with the options it sets.
+std::string format_recommendation(const TuneResult& result, const std::string& dir);
 
 // DIR/tune.json, DIR/recommended.toml and DIR/report.md with its SVG plots. Creates DIR.
 void write_report(const TuneResult& result, const std::string& dir);
