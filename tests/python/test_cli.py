@@ -9,13 +9,13 @@ import os
 import re
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
 from afterburner import nn as abnn
+from served import infer_json, running_server
 
 BINARY = os.environ.get("AFTERBURNER_BINARY", "")
 pytestmark = pytest.mark.skipif(not BINARY, reason="AFTERBURNER_BINARY is set by ctest")
@@ -65,36 +65,14 @@ def test_optimize_loads_verifies_and_rewrites_it(fused_cnn, tmp_path):
                 torch.testing.assert_close(optimized(x), model(x), rtol=1e-4, atol=1e-4)
 
 
-def infer(port, x):
-    body = json.dumps({"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
-                                   "data": x.flatten().tolist()}]}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/cnn/infer", body,
-                                     {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as reply:
-        output = json.load(reply)["outputs"][0]
-    return torch.tensor(output["data"]).view(output["shape"])
-
-
 @contextlib.contextmanager
 def served_cnn(path, repo):
     """`afterburner serve` of the model file as models/cnn with the README's config: its port."""
     (repo / "cnn").mkdir()
     (repo / "cnn" / "model.pt").write_bytes(path.read_bytes())
     (repo / "cnn" / "config.toml").write_text(readme_config())  # max_batch_size 64
-    server = subprocess.Popen([BINARY, "serve", "--repo", str(repo), "--port", "0"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        port = None
-        for line in server.stdout:
-            match = re.search(r"serving .* on http://127\.0\.0\.1:(\d+)", line)
-            if match:
-                port = int(match.group(1))
-                break
-        assert port, f"the server did not start: {server.stderr.read() if server.poll() is not None else ''}"
+    with running_server(repo) as port:
         yield port
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_serve_answers_as_the_python_model(fused_cnn, tmp_path):
@@ -104,7 +82,7 @@ def test_serve_answers_as_the_python_model(fused_cnn, tmp_path):
             x = torch.randn(batch, 1, 28, 28)
             expected = model(x)
             for _ in range(2):
-                torch.testing.assert_close(infer(port, x), expected, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(infer_json(port, "cnn", x), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs the dataset")
