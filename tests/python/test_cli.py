@@ -15,9 +15,8 @@ import pytest
 import torch
 
 from afterburner import nn as abnn
-from served import infer_json, running_server
+from served import BINARY, infer_json, running_server
 
-BINARY = os.environ.get("AFTERBURNER_BINARY", "")
 pytestmark = pytest.mark.skipif(not BINARY, reason="AFTERBURNER_BINARY is set by ctest")
 
 SOURCE_DIR = Path(os.environ.get("AFTERBURNER_SOURCE_DIR", Path(__file__).resolve().parents[2]))
