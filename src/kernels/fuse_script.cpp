@@ -121,7 +121,7 @@ jit::GraphFunction* callee(const jit::Node* node) {
 }
 
 // Replaces each call in `block` by the callee's own graph; true if it replaced any.
-bool inline_calls(jit::Block* block) {
+bool inline_calls_once(jit::Block* block) {
   bool inlined = false;
   for (auto it = block->nodes().begin(); it != block->nodes().end();) {
     jit::Node* node = *it++;
@@ -130,7 +130,7 @@ bool inline_calls(jit::Block* block) {
       jit::inlineCallTo(node, function, function->graph().get());
       inlined = true;
     } else {
-      for (jit::Block* inner : node->blocks()) inlined = inline_calls(inner) || inlined;
+      for (jit::Block* inner : node->blocks()) inlined = inline_calls_once(inner) || inlined;
     }
   }
   return inlined;
@@ -142,10 +142,8 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
                 std::vector<std::string>& notices) {
   // Not jit::Inline: it inlines each callee's optimized_graph(), which LibTorch caches at the
   // callee's first run and leaves un-inlined when that run had the executor's optimizations off
-  // (train::Model's forward turns them off), so the patterns would not show. Callees' own graphs
-  // hold calls in turn: inline until none is left.
-  while (inline_calls(graph->block())) {
-  }
+  // (train::Model's forward turns them off), so the patterns would not show.
+  inline_calls(*graph);
   // Functional calls inline with their options' branches (F.relu's `if inplace:`, F.max_pool2d's
   // `if stride is None:`): folding those on the now constant options exposes the ops themselves.
   jit::ConstantPropagation(graph, /*ignore_custom_classes=*/true);
@@ -171,6 +169,12 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
 }
 
 }  // namespace
+
+void inline_calls(torch::jit::Graph& graph) {
+  // Callees' own graphs hold calls in turn: inline until none is left.
+  while (inline_calls_once(graph.block())) {
+  }
+}
 
 ScriptFuseResult fuse_forward(const torch::jit::Module& module) {
   std::shared_ptr<jit::Graph> graph = module.get_method("forward").graph()->copy();

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/passes/constant_propagation.h>
-#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_iterator.h>
 #include <torch/csrc/jit/serialization/import.h>
 
@@ -16,6 +15,7 @@
 #include <utility>
 
 #include "afterburner/core/error.h"
+#include "afterburner/kernels/fuse.h"
 #include "afterburner/sketch/skconv2d.h"
 #include "afterburner/sketch/sklinear.h"
 
@@ -139,12 +139,14 @@ void read_conv_arguments(const jit::Node* conv, DenseLayer& layer) {
 }
 
 // The forward graph, inlined and constant-folded, must be exactly op(x, self.weight, self.bias
-// or None, constants...) returned as it is.
+// or None, constants...) returned as it is. Inlined from the callees' own graphs: jit::Inline
+// would cache each callee's inlined graph, and a module nested in this one (a residual block's
+// shortcut Sequential) would go on running the dense layer sketch_script then replaces.
 std::optional<DenseLayer> as_dense_layer(const jit::Module& module) {
   auto method = module.find_method("forward");
   if (!method) return std::nullopt;
   std::shared_ptr<jit::Graph> graph = jit::toGraphFunction(method->function()).graph()->copy();
-  jit::Inline(*graph);
+  kernels::inline_calls(*graph);
   jit::ConstantPropagation(graph);
   if (graph->inputs().size() != 2 || graph->outputs().size() != 1) return std::nullopt;
   const jit::Value* self = graph->inputs()[0];

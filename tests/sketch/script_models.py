@@ -10,6 +10,8 @@ writes DIR/<name>.pt (torch.jit.script, or torch.jit.trace where said; eval mode
   convs   Conv2d(3, 16, 3, padding=1) - ReLU - Conv2d(16, 32, 5, stride=2, padding=2) - ReLU -
           Conv2d(32, 32, 3, padding=1, groups=4); input [2, 3, 12, 12]
   peeks   a Linear whose weight the parent's forward also reads; input [4, 64]
+  nested  a residual block (Linear main path, a Sequential holding a Linear as its shortcut, as a
+          ResNet's projection) and a Linear head: a layer two modules down; input [4, 64]
   traced  torch.jit.trace of Conv2d(1, 16, 3, stride=2, padding=1) - ReLU - Flatten -
           Linear(16 * 14 * 14, 64); input [2, 1, 28, 28]
 """
@@ -53,12 +55,33 @@ class Peeks(nn.Module):
         return self.fc(x) + self.fc.weight.sum()
 
 
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.main = nn.Linear(64, 64)
+        self.shortcut = nn.Sequential(nn.Linear(64, 64))
+
+    def forward(self, x):
+        return torch.relu(self.main(x) + self.shortcut(x))
+
+
+class Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Residual()
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
 def models():
     convs = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 5, stride=2, padding=2),
                           nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1, groups=4))
     traced = nn.Sequential(nn.Conv2d(1, 16, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 14 * 14, 64))
     return {"blocks": (Blocks(), [4, 64], False), "convs": (convs, [2, 3, 12, 12], False),
-            "peeks": (Peeks(), [4, 64], False), "traced": (traced, [2, 1, 28, 28], True)}
+            "peeks": (Peeks(), [4, 64], False), "traced": (traced, [2, 1, 28, 28], True),
+            "nested": (Nested(), [4, 64], False)}
 
 
 def main():

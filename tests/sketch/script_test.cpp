@@ -186,6 +186,24 @@ TEST_F(SketchScript, TracedModelsAreSketchedToo) {
   expect_python_agrees(model, input_of("traced"));
 }
 
+// The model in memory runs its sketched layers, not only its saved file: examining the block for
+// a dense layer had cached its shortcut Sequential's forward with the dense layer inlined, which
+// then ran on the sketched layer's tensors (in the zoo's resnet, "running_mean should contain 8
+// elements not 64").
+TEST_F(SketchScript, ALayerTwoModulesDownRunsSketchedInMemory) {
+  jit::Module model = load("nested");
+  auto layers = by_name(sketch_script(model, SketchConfig().rank(4)));
+  EXPECT_TRUE(layers["block.main"].replaced());
+  ASSERT_TRUE(layers["block.shortcut.0"].replaced());
+  const torch::Tensor x = input_of("nested");
+  TempDir dir;
+  model.save((dir / "sketched.pt").string());
+  torch::NoGradGuard no_grad;
+  const torch::Tensor from_file = jit::load((dir / "sketched.pt").string()).forward({x}).toTensor();
+  EXPECT_TRUE(torch::allclose(model.forward({x}).toTensor(), from_file, 1e-6, 1e-6));
+  expect_linear_definition(child(model, "block.shortcut.0"), x, true);
+}
+
 TEST_F(SketchScript, LayersSharingAClassWithAKeptLayerAreKept) {
   jit::Module model = blocks_of_one_class();
   ASSERT_EQ(child(model, "wide").type(), child(model, "narrow").type());

@@ -64,4 +64,12 @@ struct FusedScript {
 };
 FusedScript fuse_script(const torch::jit::Module& module);
 
+// Replaces every call in `graph` (to a submodule's method or a function) by the callee's own
+// graph, until no call is left; the callees are left as they were. Not jit::Inline, which
+// inlines each callee's optimized_graph(): LibTorch computes that once and caches it in the
+// callee, so it can be stale (un-inlined when the callee first ran with the executor's
+// optimizations off) and, once computed, it is what the callee's callers run from then on, even
+// after a submodule inside it was swapped for one of another class.
+void inline_calls(torch::jit::Graph& graph);
+
 }  // namespace afterburner::kernels
