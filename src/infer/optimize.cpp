@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/constant_propagation.h>
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/freeze_module.h>
 #include <torch/csrc/jit/passes/frozen_conv_folding.h>
@@ -14,6 +15,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/infer/model_file.h"
+#include "afterburner/infer/onednn_checks.h"
 #include "afterburner/infer/onednn_linear.h"
 
 namespace afterburner::infer {
@@ -257,7 +259,15 @@ OptimizeResult optimize(const Module& model, const OptimizeOptions& options) {
 
 Module prepare_for_inference(const Module& optimized) {
   Module copy = copy_model(optimized);
-  Module prepared = torch::jit::optimize_for_inference(copy);
+  // optimize_for_inference freezes a module that is not yet frozen (one with a training
+  // attribute), then converts. Freezing here as it would lets the check see the graph the
+  // conversion gets; the frozen module has no training attribute, so it is not frozen again.
+  Module frozen = copy.type()->hasAttribute("training") ? torch::jit::freeze(copy) : copy;
+  auto frozen_graph = forward_graph(frozen);
+  // The conversion starts with constant propagation too: lists of constants become constants.
+  torch::jit::ConstantPropagation(frozen_graph, /*ignore_custom_classes=*/true);
+  check_onednn_layouts(*frozen_graph);
+  Module prepared = torch::jit::optimize_for_inference(frozen);
   auto graph = prepared.get_method("forward").graph();
   route_matmuls_to_onednn(graph);
   return prepared;

@@ -115,6 +115,81 @@ TEST(Optimize, Int8QuantizesLinearsAndAgreesWithFp32) {
   EXPECT_GE(top1_agreement("mlp", Precision::int8), 0.99);
 }
 
+// A convolution of x by a weight of `weight_shape` (no bias) whose call is `convolution`, in a
+// module with a training attribute as Python saves one (prepare_for_inference then freezes it,
+// as serve's copy of a file is frozen).
+torch::jit::Module convolution_model(const std::string& convolution, std::vector<int64_t> weight_shape = {4, 1, 3, 3}) {
+  torch::jit::Module model("__torch__.Convolution");
+  model.register_attribute("training", c10::BoolType::get(), false);
+  model.register_parameter("weight", torch::randn(weight_shape), false);
+  model.define("def forward(self, x):\n    return " + convolution + "\n");
+  return model;
+}
+
+// LibTorch's optimize_for_inference lays each convolution's weight out for oneDNN from its
+// shape, stride, padding, dilation and groups, unchecked, and runs the max pooling after it on
+// oneDNN without eager's checks: a stride of 0 divided by zero (SIGFPE, in the layout and in
+// pooling's first forward), a 1-D weight was read past its end and a convolution whose bias was
+// its weight dereferenced an empty optional (SIGSEGV); Python's torch.jit.optimize_for_inference
+// does the same. Arguments eager refuses when the model runs
+// are refused before, in one line naming them, for a model as served (unfrozen) and as optimized
+// (frozen).
+TEST(PrepareForInference, RefusesConvolutionsOneDnnCannotLayOut) {
+  struct Case {
+    std::string convolution;
+    std::vector<int64_t> weight_shape;
+    std::string expected;
+  };
+  const std::vector<int64_t> kernel{4, 1, 3, 3};
+  const std::vector<Case> cases = {
+      {"torch.conv2d(x, self.weight, None, [1, 0])", kernel,
+       "aten::conv2d with stride [1, 0] is not supported: stride must be at least 1"},
+      {"torch.conv2d(x, self.weight, None, [-2, 1])", kernel, "aten::conv2d with stride [-2, 1] is not supported"},
+      {"torch.conv2d(x, self.weight, None, [2])", kernel,
+       "aten::conv2d with stride [2] is not supported: stride must have 2 values"},
+      {"torch.conv2d(x, self.weight, None, [1, 1], [-1, 1])", kernel,
+       "aten::conv2d with padding [-1, 1] is not supported: padding must be at least 0"},
+      {"torch.conv2d(x, self.weight, None, [1, 1], [1, 1], [0, 1])", kernel,
+       "aten::conv2d with dilation [0, 1] is not supported: dilation must be at least 1"},
+      {"torch.conv2d(x, self.weight, None, [1, 1], [1, 1], [1, 1], 0)", kernel,
+       "aten::conv2d with groups 0 is not supported: groups must be at least 1 and divide the weight's 4 output "
+       "channels"},
+      {"torch.conv2d(x, self.weight, None, [1, 1], [1, 1], [1, 1], 3)", kernel, "aten::conv2d with groups 3"},
+      {"torch.conv2d(x, self.weight, self.weight)", kernel,
+       "aten::conv2d with a bias of shape [4, 1, 3, 3] is not supported: its bias must have one value per output "
+       "channel, 4"},
+      {"torch.conv2d(x, self.weight)", {6},
+       "aten::conv2d with a weight of shape [6] is not supported: its weight must have 4 dimensions"},
+      {"torch._convolution(x, self.weight, None, [0, 0], [0, 0], [1, 1], False, [0, 0], 1, False, False, True, True)",
+       kernel, "aten::_convolution with stride [0, 0] is not supported"},
+      {"torch._convolution(x, self.weight, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, False, False, True, True)",
+       {4, 1, 3}, "aten::_convolution with stride [1, 1] is not supported: stride must have 1 value"},
+      {"torch.max_pool2d(torch.conv2d(x, self.weight), [2, 2], [0, 0])", kernel,
+       "aten::max_pool2d with stride [0, 0] is not supported: stride must be at least 1"},
+      {"torch.max_pool2d(torch.conv2d(x, self.weight), [0, 0])", kernel,
+       "aten::max_pool2d with kernel_size [0, 0] is not supported: kernel_size must be at least 1"},
+      {"torch.max_pool2d(torch.conv2d(x, self.weight), [2, 2], [2, 2], [5, 5])", kernel,
+       "aten::max_pool2d with padding [5, 5] is not supported: padding must be at most half of kernel_size [2, 2]"},
+      {"torch.max_pool2d(torch.conv2d(x, self.weight), [2, 2, 2])", kernel,
+       "aten::max_pool2d with kernel_size [2, 2, 2] is not supported: kernel_size must have 1 or 2 values"}};
+  for (const Case& c : cases) {
+    torch::jit::Module model = convolution_model(c.convolution, c.weight_shape);
+    for (const torch::jit::Module& given : {model, infer::optimize(model).model}) {
+      const std::string message = error_message<Error>([&] { infer::prepare_for_inference(given); });
+      EXPECT_TRUE(Contains(message, "infer: " + c.expected)) << c.convolution;
+      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    }
+  }
+  // Valid arguments are laid out for oneDNN and compute as before (pooling's single values and
+  // empty stride too).
+  torch::jit::Module model = convolution_model(
+      "torch.max_pool2d(torch.conv2d(x, self.weight, None, [2, 1], [0, 1], [1, 2]), [2], [], [1], [1])");
+  const torch::Tensor input = torch::randn({3, 1, 8, 8});
+  auto prepared = infer::prepare_for_inference(model);
+  EXPECT_TRUE(graph_has(prepared, "prim::mkldnn_convolution"));
+  EXPECT_TRUE(torch::allclose(forward(prepared, input), forward(model, input), 1e-5, 1e-5));
+}
+
 TEST(Optimize, PrecisionNamesRoundTripAndBadOnesNameTheField) {
   for (auto precision : {Precision::fp32, Precision::bf16, Precision::int8}) {
     EXPECT_EQ(infer::parse_precision(infer::to_string(precision)), precision);

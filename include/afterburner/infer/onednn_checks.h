@@ -1,0 +1,28 @@
+// What torch::jit::optimize_for_inference lays out for oneDNN, checked before it does. The pass
+// moves each convolution with a constant weight, and the max pooling and element-wise ops after
+// it, to oneDNN, trusting their arguments: its weight reorder reads the weight's dimensions and
+// the stride, padding and dilation per spatial dimension (LibTorch 1.13 does not expand a single
+// value there) and divides by the stride; the converted convolution and max pooling then run
+// through at::native's mkldnn functions, which skip eager's checks. Found by fuzz_model_graph,
+// each in Python's torch.jit.optimize_for_inference too: a stride of 0 divided by zero (SIGFPE)
+// in the layout and at max pooling's first forward, a 1-D weight was read past its end, and a
+// convolution whose bias was its own weight dereferenced an empty optional (SIGSEGV). Eager
+// refuses every value refused here when the model runs, so no model that could run is refused.
+//
+//   Module frozen = torch::jit::freeze(module);
+//   afterburner::infer::check_onednn_layouts(*frozen.get_method("forward").graph());  // throws Error
+//   Module prepared = torch::jit::optimize_for_inference(frozen);
+#pragma once
+
+#include <torch/csrc/jit/ir/ir.h>
+
+namespace afterburner::infer {
+
+// `graph` is frozen and constant-propagated, as the pass finds it. Throws Error for the first
+// convolution (aten::conv2d, conv3d, or a traced aten::_convolution that is not transposed) with
+// a constant weight, or max pooling (aten::max_pool2d, max_pool3d), whose constant arguments it
+// cannot take, in one line: "infer: aten::conv2d with stride [1, 0] is not supported: stride
+// must be at least 1".
+void check_onednn_layouts(const torch::jit::Graph& graph);
+
+}  // namespace afterburner::infer

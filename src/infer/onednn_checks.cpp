@@ -1,0 +1,129 @@
+#include "afterburner/infer/onednn_checks.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/jit/ir/constants.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "afterburner/core/error.h"
+
+namespace afterburner::infer {
+namespace {
+
+using torch::jit::Node;
+
+std::string int_list(c10::IntArrayRef values) { return fmt::format("[{}]", fmt::join(values, ", ")); }
+
+Error unsupported(const Node* node, const std::string& what, const std::string& rule) {
+  return Error(fmt::format("infer: {} with {} is not supported: {}", node->kind().toQualString(), what, rule));
+}
+
+// "2", "1 or 2", "0, 1 or 2"
+std::string alternatives(const std::vector<size_t>& lengths) {
+  const std::vector<size_t> all_but_last(lengths.begin(), lengths.end() - 1);
+  return all_but_last.empty() ? std::to_string(lengths.back())
+                              : fmt::format("{} or {}", fmt::join(all_but_last, ", "), lengths.back());
+}
+
+// The node's constant int list `name`, with one of `lengths` and each value at least `minimum`;
+// nothing when it is not a constant list (a padding of 'same'), which the conversion leaves.
+std::optional<std::vector<int64_t>> checked_list(const Node* node, const char* name,
+                                                 const std::vector<size_t>& lengths, int64_t minimum) {
+  const auto value = torch::jit::toIValue(node->namedInput(name));
+  if (!value || !value->isIntList()) return std::nullopt;
+  const std::vector<int64_t> values = value->toIntVector();
+  const std::string what = fmt::format("{} {}", name, int_list(values));
+  if (std::find(lengths.begin(), lengths.end(), values.size()) == lengths.end()) {
+    const bool one = lengths == std::vector<size_t>{1};
+    throw unsupported(node, what, fmt::format("{} must have {} value{}", name, alternatives(lengths), one ? "" : "s"));
+  }
+  for (int64_t v : values) {
+    if (v < minimum) throw unsupported(node, what, fmt::format("{} must be at least {}", name, minimum));
+  }
+  return values;
+}
+
+void check_groups(const Node* convolution, const torch::Tensor& weight) {
+  const auto groups = torch::jit::toIValue(convolution->namedInput("groups"));
+  if (!groups || !groups->isInt()) return;
+  const int64_t g = groups->toInt();
+  if (g >= 1 && (weight.dim() == 0 || weight.size(0) % g == 0)) return;
+  const std::string rule = fmt::format("groups must be at least 1 and divide the weight's {} output channels",
+                                       weight.size(0));
+  throw unsupported(convolution, fmt::format("groups {}", g), rule);
+}
+
+// Eager's rules: a 4-D weight for conv2d (5-D for conv3d), a bias of one value per output
+// channel, one stride, padding and dilation per spatial dimension, groups dividing the channels.
+void check_convolution(const Node* convolution, const torch::Tensor& weight) {
+  const bool conv2d = convolution->kind() == c10::aten::conv2d, conv3d = convolution->kind() == c10::aten::conv3d;
+  if ((conv2d && weight.dim() != 4) || (conv3d && weight.dim() != 5)) {
+    throw unsupported(convolution, fmt::format("a weight of shape {}", int_list(weight.sizes())),
+                      fmt::format("its weight must have {} dimensions", conv2d ? 4 : 5));
+  }
+  // The weight's layout replaces the weight value in all the node's inputs, then converts the
+  // bias from its constant: a bias reading the weight itself was no constant any more (SIGSEGV).
+  const auto bias = torch::jit::toIValue(convolution->namedInput("bias"));
+  if (bias && bias->isTensor() && weight.dim() > 0 &&
+      (bias->toTensor().dim() != 1 || bias->toTensor().size(0) != weight.size(0))) {
+    throw unsupported(convolution, fmt::format("a bias of shape {}", int_list(bias->toTensor().sizes())),
+                      fmt::format("its bias must have one value per output channel, {}", weight.size(0)));
+  }
+  // A traced aten::_convolution becomes aten::conv2d or conv3d by the length of its lists.
+  const std::vector<size_t> spatial{static_cast<size_t>(std::max<int64_t>(weight.dim() - 2, 0))};
+  checked_list(convolution, "stride", spatial, 1);
+  checked_list(convolution, "dilation", spatial, 1);
+  checked_list(convolution, "padding", spatial, 0);
+  check_groups(convolution, weight);
+}
+
+// Eager's rules: one value or one per spatial dimension (the stride may be empty), a kernel,
+// stride and dilation of at least 1 and a padding of at most half the kernel.
+void check_max_pool(const Node* pool, size_t spatial) {
+  const auto kernel = checked_list(pool, "kernel_size", {1, spatial}, 1);
+  checked_list(pool, "stride", {0, 1, spatial}, 1);  // none: the kernel size
+  checked_list(pool, "dilation", {1, spatial}, 1);
+  const auto padding = checked_list(pool, "padding", {1, spatial}, 0);
+  if (!kernel || !padding) return;
+  for (size_t i = 0; i < spatial; ++i) {
+    const int64_t k = (*kernel)[kernel->size() == 1 ? 0 : i], p = (*padding)[padding->size() == 1 ? 0 : i];
+    if (p > k / 2) {
+      throw unsupported(pool, fmt::format("padding {}", int_list(*padding)),
+                        fmt::format("padding must be at most half of kernel_size {}", int_list(*kernel)));
+    }
+  }
+}
+
+// The convolutions with a constant weight (transposed ones stay on ATen) and the max poolings
+// of `block` and its nested blocks.
+void check_block(const torch::jit::Block* block) {
+  for (const Node* node : block->nodes()) {
+    for (const torch::jit::Block* inner : node->blocks()) check_block(inner);
+    if (!node->maybeSchema()) continue;
+    if (node->kind() == c10::aten::max_pool2d || node->kind() == c10::aten::max_pool3d) {
+      check_max_pool(node, node->kind() == c10::aten::max_pool2d ? 2 : 3);
+      continue;
+    }
+    if (node->kind() != c10::aten::conv2d && node->kind() != c10::aten::conv3d &&
+        node->kind() != c10::aten::_convolution) {
+      continue;
+    }
+    const auto weight = torch::jit::toIValue(node->namedInput("weight"));
+    if (!weight || !weight->isTensor()) continue;
+    if (node->kind() == c10::aten::_convolution) {
+      const auto transposed = torch::jit::toIValue(node->namedInput("transposed"));
+      if (!transposed || !transposed->isBool() || transposed->toBool()) continue;
+    }
+    check_convolution(node, weight->toTensor());
+  }
+}
+
+}  // namespace
+
+void check_onednn_layouts(const torch::jit::Graph& graph) { check_block(graph.block()); }
+
+}  // namespace afterburner::infer
