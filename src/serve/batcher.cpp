@@ -116,7 +116,8 @@ void Batcher::work(std::size_t instance) {
     ++warmed_up_;
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lock(mutex_);
-    warm_up_error_ = fmt::format("model '{}': warm-up failed: {}", config_.name, e.what());
+    // The cause alone: the interpreter's message holds its whole TorchScript traceback.
+    warm_up_error_ = fmt::format("model '{}': warm-up failed: {}", config_.name, first_line(e));
   }
   changed_.notify_all();
   std::unique_lock<std::mutex> lock(mutex_);
@@ -219,7 +220,7 @@ void Batcher::run_batch(const Runner& runner, std::vector<Pending> batch) {
       offset += batch[r].samples;
     }
   } catch (const std::exception& e) {
-    for (auto& result : results) result = {500, fmt::format("model '{}': {}", config_.name, e.what()), {}};
+    for (auto& result : results) result = {500, fmt::format("model '{}': {}", config_.name, first_line(e)), {}};
   }
   metrics_.queue_duration_us += queued_us;
   metrics_.compute_duration_us += microseconds(Clock::now() - start);

@@ -23,7 +23,11 @@ namespace {
 torch::jit::Module load_torchscript(const ModelConfig& config) {
   torch::jit::Module module = infer::load_model(config.model_file.string());
   module.eval();
-  return infer::prepare_for_inference(module);
+  try {
+    return infer::prepare_for_inference(module);
+  } catch (const std::exception& e) {
+    throw infer::ModelError(config.model_file.string(), "cannot be prepared for serving (" + first_line(e) + ")");
+  }
 }
 
 // Each instance has its own copy of the module: forward() on one module is not meant to run

@@ -1,5 +1,6 @@
 #include "afterburner/serve/model_service.h"
 
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <future>
@@ -180,6 +181,39 @@ TEST(ModelService, OutputsThatDoNotMatchTheConfigAreNamedAtStartUp) {
   std::string message = error_message<Error>([&] { ModelService service(repository.dir.path().string()); });
   EXPECT_TRUE(Contains(message, (repository.dir / "cnn" / "model.pt").string() + ": output 'output'"));
   EXPECT_TRUE(Contains(message, "declares FP32 [batch, 12]"));
+}
+
+// A repository whose cnn is a 3x3 convolution (1 -> 4 channels, no bias) called as `convolution`
+// (TorchScript source), with the cnn's config (it fails before returning anything); with a
+// training attribute as Python saves one, or without as models::export_torchscript writes modules.
+void write_convolution_model(const std::filesystem::path& repository, const std::string& convolution, bool training) {
+  torch::jit::Module model("__torch__.Convolution");
+  if (training) model.register_attribute("training", c10::BoolType::get(), false);
+  model.register_parameter("weight", torch::randn({4, 1, 3, 3}), false);
+  model.define("def forward(self, x):\n    return " + convolution + "\n");
+  std::filesystem::create_directories(repository / "cnn");
+  model.save((repository / "cnn" / "model.pt").string());
+  write_file(repository / "cnn" / "config.toml", small_cnn_config());
+}
+
+// LibTorch's oneDNN layout divided by this stride of 0 and ended the server (SIGFPE): the
+// start-up error names the file and the convolution, in one line.
+TEST(ModelService, AConvolutionOneDnnCannotLayOutIsNamedAtStartUp) {
+  TempDir dir;
+  write_convolution_model(dir.path(), "torch.conv2d(x, self.weight, None, [1, 0])", true);
+  std::string message = error_message<Error>([&] { ModelService service(dir.path().string()); });
+  EXPECT_TRUE(Contains(message, (dir / "cnn" / "model.pt").string() + ": cannot be prepared for serving (infer: "
+                                "aten::conv2d with stride [1, 0] is not supported: stride must be at least 1)"));
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
+// A forward that fails in the TorchScript interpreter: the warm-up error is its cause, not the
+// interpreter's traceback.
+TEST(ModelService, AWarmUpErrorIsItsCauseInOneLine) {
+  TempDir dir;
+  write_convolution_model(dir.path(), "torch.conv2d(x, self.weight, None, [1, 0])", false);
+  std::string message = error_message<Error>([&] { ModelService service(dir.path().string()); });
+  EXPECT_EQ(message, "model 'cnn': warm-up failed: RuntimeError: non-positive stride is not supported");
 }
 
 }  // namespace
