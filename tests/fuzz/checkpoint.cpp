@@ -6,8 +6,6 @@
 // (libFuzzer ignores flags that start with "--").
 #include <torch/torch.h>
 
-#include <cstring>
-
 #include "afterburner/train/checkpoint.h"
 #include "afterburner/train/optim.h"
 #include "fuzz.h"
@@ -38,13 +36,7 @@ void write_seed(const std::string& path) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
-  const char* flag = "--write-seed=";
-  for (int i = 1; i < *argc; ++i) {
-    if (std::strncmp((*argv)[i], flag, std::strlen(flag)) == 0) {
-      write_seed((*argv)[i] + std::strlen(flag));
-      std::exit(0);
-    }
-  }
+  afterburner::fuzz::write_seeds_if_asked(*argc, *argv, "--write-seed=", write_seed);
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <typeinfo>
@@ -47,6 +48,35 @@ void expect_clean_errors(Parse&& parse) {
   } catch (const std::exception& e) {
     finding(std::string("escaped ") + typeid(e).name() + ": " + e.what());
   }
+}
+
+// For targets that write their own seeds: given `flag` ("--write-seed=") with a path among the
+// program's arguments (libFuzzer ignores those that start with "--"), calls write(path) and
+// exits. Call from LLVMFuzzerInitialize.
+template <typename Write>
+void write_seeds_if_asked(int argc, char** argv, const char* flag, Write&& write) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], flag, std::strlen(flag)) == 0) {
+      write(std::string(argv[i] + std::strlen(flag)));
+      std::exit(0);
+    }
+  }
+}
+
+// For code that runs a user's model rather than parsing bytes: any exception is a clean refusal
+// (LibTorch's own c10::Error for an op the model calls wrongly, passed on as it is); crashes,
+// hangs and sanitizer reports are findings. Returns the refusal's first line, empty if `run` ran.
+template <typename Run>
+std::string expect_no_crash(Run&& run) {
+  try {
+    run();
+  } catch (const std::exception& e) {
+    const std::string refusal = first_line(e);
+    return refusal.empty() ? typeid(e).name() : refusal;
+  } catch (...) {
+    finding("escaped an exception that is no std::exception");
+  }
+  return "";
 }
 
 }  // namespace afterburner::fuzz
