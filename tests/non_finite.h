@@ -41,6 +41,19 @@ inline torch::Tensor with_non_finite(torch::Tensor x, at::Generator& generator) 
   return x;
 }
 
+// Four images [4, image_sizes...] of standard normal values drawn after manual_seed(seed): a NaN
+// in the first, a +inf in the second, a -inf in the third, each at flat position `position` of
+// its image, and the fourth finite.
+inline torch::Tensor images_with_non_finite(std::vector<int64_t> image_sizes, int64_t position, uint64_t seed = 1) {
+  torch::manual_seed(seed);
+  image_sizes.insert(image_sizes.begin(), 4);
+  torch::Tensor images = torch::randn(image_sizes);
+  const double values[] = {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                           -std::numeric_limits<double>::infinity()};
+  for (int64_t i = 0; i < 3; ++i) images[i].view(-1)[position] = values[i];
+  return images;
+}
+
 // Elementwise: both NaN, or the same infinity, or both finite and |actual - expected| <= atol +
 // rtol |expected|. The message names the first element that is not, with both values.
 inline ::testing::AssertionResult AgreesWithNonFinite(const torch::Tensor& actual, const torch::Tensor& expected,
