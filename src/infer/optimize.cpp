@@ -14,6 +14,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/infer/model_file.h"
+#include "afterburner/infer/non_finite.h"
 #include "afterburner/infer/onednn_linear.h"
 
 namespace afterburner::infer {
@@ -260,6 +261,7 @@ Module prepare_for_inference(const Module& optimized) {
   Module prepared = torch::jit::optimize_for_inference(copy);
   auto graph = prepared.get_method("forward").graph();
   route_matmuls_to_onednn(graph);
+  propagate_non_finite_as_aten(graph);
   return prepared;
 }
 

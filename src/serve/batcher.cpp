@@ -116,7 +116,7 @@ void Batcher::work(std::size_t instance) {
     ++warmed_up_;
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lock(mutex_);
-    warm_up_error_ = fmt::format("model '{}': warm-up failed: {}", config_.name, e.what());
+    warm_up_error_ = fmt::format("model '{}': warm-up failed: {}", config_.name, first_line(e));
   }
   changed_.notify_all();
   std::unique_lock<std::mutex> lock(mutex_);
@@ -130,16 +130,26 @@ void Batcher::work(std::size_t instance) {
 }
 
 // Every batch size once, so that allocator pools and the JIT's per-shape work are done before
-// the model reports ready.
+// the model reports ready. A model that fails on them fails with its own error first, then the
+// inputs it was given.
 void Batcher::warm_up(const Runner& runner) {
   for (int64_t samples = 1; samples <= config_.max_batch_size; ++samples) {
     std::vector<at::Tensor> inputs;
+    std::vector<std::string> described;
     for (const auto& spec : config_.inputs) {
       std::vector<int64_t> shape{samples};
       for (int64_t dim : spec.dims) shape.push_back(dim == -1 ? 1 : dim);
       inputs.push_back(at::zeros(shape, at::TensorOptions().dtype(scalar_type(spec.datatype))));
+      described.push_back(fmt::format("'{}' {} [{}]", spec.name, datatype_name(spec.datatype), fmt::join(shape, ", ")));
     }
-    check_outputs(config_, runner(inputs), samples);
+    std::vector<at::Tensor> outputs;
+    try {
+      outputs = runner(inputs);
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("{} (on zeros shaped as the config's inputs: {})", first_line(e),
+                              fmt::join(described, ", ")));
+    }
+    check_outputs(config_, outputs, samples);
   }
 }
 
@@ -219,7 +229,7 @@ void Batcher::run_batch(const Runner& runner, std::vector<Pending> batch) {
       offset += batch[r].samples;
     }
   } catch (const std::exception& e) {
-    for (auto& result : results) result = {500, fmt::format("model '{}': {}", config_.name, e.what()), {}};
+    for (auto& result : results) result = {500, fmt::format("model '{}': {}", config_.name, first_line(e)), {}};
   }
   metrics_.queue_duration_us += queued_us;
   metrics_.compute_duration_us += microseconds(Clock::now() - start);

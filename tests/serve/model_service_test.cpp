@@ -7,6 +7,8 @@
 #include <thread>
 
 #include "afterburner/core/error.h"
+#include "afterburner/infer/model_file.h"
+#include "afterburner/infer/optimize.h"
 #include "afterburner/models/zoo.h"
 #include "afterburner/serve/protocol.h"
 #include "cnn_repository.h"
@@ -180,6 +182,46 @@ TEST(ModelService, OutputsThatDoNotMatchTheConfigAreNamedAtStartUp) {
   std::string message = error_message<Error>([&] { ModelService service(repository.dir.path().string()); });
   EXPECT_TRUE(Contains(message, (repository.dir / "cnn" / "model.pt").string() + ": output 'output'"));
   EXPECT_TRUE(Contains(message, "declares FP32 [batch, 12]"));
+}
+
+// small_cnn_config with its input's `key = value` line (the first of that key) replaced.
+std::string small_cnn_config_with(const std::string& line, const std::string& replacement) {
+  std::string config = small_cnn_config();
+  return config.replace(config.find(line), line.size(), replacement);
+}
+
+// One line that names the model, opens with LibTorch's reason and closes with the inputs it was
+// given, without the TorchScript traceback (some 3,000 characters) it used to quote.
+TEST(ModelService, AWarmUpFailureIsOneShortLineWithTheCauseFirst) {
+  CnnRepository repository(small_cnn_config_with("dims = [1, 28, 28]", "dims = [2, 28, 28]"));
+  std::string message = error_message<Error>([&] { ModelService service(repository.dir.path().string()); });
+  EXPECT_EQ(message.rfind("model 'cnn': warm-up failed: Given groups=1, weight of size [32, 1, 3, 3], expected "
+                          "input[1, 2, 28, 28] to have 1 channels, but got 2 channels instead",
+                          0),
+            0u)
+      << message;
+  EXPECT_TRUE(Contains(message, "(on zeros shaped as the config's inputs: 'input' FP32 [1, 2, 28, 28])"));
+  EXPECT_EQ(message.find('\n'), std::string::npos);
+  EXPECT_FALSE(Contains(message, "\\x0a"));
+  EXPECT_FALSE(Contains(message, "Traceback"));
+  EXPECT_LT(message.size(), 300u);
+}
+
+// FP16 images for an FP32 model, optimized as served (oneDNN's layouts, whose error is
+// "dense_to_mkldnn expects float or bfloat16 tensor input"): the input, the configured datatype
+// and the model's are named first.
+TEST(ModelService, AConfigDatatypeTheModelCannotTakeIsNamed) {
+  CnnRepository repository(small_cnn_config_with("datatype = \"FP32\"", "datatype = \"FP16\""));
+  const std::string file = (repository.dir / "cnn" / "model.pt").string();
+  infer::save_model(infer::optimize(infer::load_model(file)).model, file);
+  std::string message = error_message<Error>([&] { ModelService service(repository.dir.path().string()); });
+  EXPECT_EQ(message.rfind("model 'cnn': warm-up failed: input 'input' is FP16 in " +
+                              (repository.dir / "cnn" / "config.toml").string() + ", but the model computes in FP32: ",
+                          0),
+            0u)
+      << message;
+  EXPECT_TRUE(Contains(message, "(on zeros shaped as the config's inputs: 'input' FP16 [1, 1, 28, 28])"));
+  EXPECT_EQ(message.find('\n'), std::string::npos);
 }
 
 }  // namespace
