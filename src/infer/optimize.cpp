@@ -15,6 +15,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/infer/model_file.h"
+#include "afterburner/infer/non_finite.h"
 #include "afterburner/infer/onednn_checks.h"
 #include "afterburner/infer/onednn_linear.h"
 
@@ -270,6 +271,7 @@ Module prepare_for_inference(const Module& optimized) {
   Module prepared = torch::jit::optimize_for_inference(frozen);
   auto graph = prepared.get_method("forward").graph();
   route_matmuls_to_onednn(graph);
+  propagate_non_finite_as_aten(graph);
   return prepared;
 }
 

@@ -1,6 +1,5 @@
 #include "afterburner/infer/optimize_file.h"
 
-#include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -29,21 +28,6 @@ struct VerificationInputs {
   std::string description;
 };
 
-// The one line of an exception worth showing: LibTorch's errors carry a backtrace, and the
-// TorchScript interpreter's a traceback whose last line is the cause.
-std::string reason(const std::exception& e) {
-  const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
-  const std::string text = torch_error ? torch_error->what_without_backtrace() : e.what();
-  std::string last;
-  for (std::size_t start = 0; start < text.size();) {
-    std::size_t end = std::min(text.find('\n', start), text.size());
-    if (text.find_first_not_of(" \t\r", start) < end) last = text.substr(start, end - start);
-    start = end + 1;
-  }
-  const std::string prefix = "RuntimeError: ";
-  return last.rfind(prefix, 0) == 0 ? last.substr(prefix.size()) : last;
-}
-
 std::vector<std::string> forward_arguments(const torch::jit::Module& model) {
   std::vector<std::string> names;
   const auto& arguments = model.get_method("forward").function().getSchema().arguments();
@@ -71,7 +55,7 @@ std::vector<torch::Tensor> load_example_inputs(const std::string& path) {
   try {
     value = torch::jit::pickle_load(bytes);
   } catch (const std::exception& e) {
-    throw DataError(path, "not a file of tensors as torch.save writes it (" + reason(e) + ")");
+    throw DataError(path, "not a file of tensors as torch.save writes it (" + first_line(e) + ")");
   }
   std::vector<c10::IValue> elements{value};
   if (value.isTuple()) elements = value.toTupleRef().elements().vec();
@@ -140,7 +124,7 @@ void check_runs_on(torch::jit::Module& model, const std::string& input, const Ve
     c10::InferenceMode inference;
     model.forward(first_rows);
   } catch (const std::exception& e) {
-    throw Error(fmt::format("{}: the model fails on {}: {}{}", input, inputs.description, reason(e),
+    throw Error(fmt::format("{}: the model fails on {}: {}{}", input, inputs.description, first_line(e),
                             options.example_inputs().empty()
                                 ? "; give inputs of the right shape and type as a file of example inputs"
                                 : ""));
@@ -167,7 +151,7 @@ OptimizeFileReport optimize_file(const std::string& input, const std::string& ou
   } catch (const Error& e) {
     throw Error(fmt::format("{}: {}", input, e.what()));
   } catch (const std::exception& e) {
-    throw Error(fmt::format("{}: cannot optimize at {}: {}", input, to_string(options.precision()), reason(e)));
+    throw Error(fmt::format("{}: cannot optimize at {}: {}", input, to_string(options.precision()), first_line(e)));
   }
   report.passes = result.passes;
   report.agreement = worst(report.outputs);

@@ -100,6 +100,15 @@ bool fusable(const jit::Match& match, const Values& values) {
   return true;
 }
 
+// `pattern` with either relu, where fusable.
+void rewrite(std::shared_ptr<jit::Graph>& graph, const Pattern& pattern) {
+  for (const char* relu : {"aten::relu", "aten::relu_"}) {
+    jit::SubgraphRewriter rewriter;
+    rewriter.RegisterRewritePattern(with_relu(pattern.pattern, relu), pattern.replacement);
+    rewriter.runOnGraph(graph, fusable);
+  }
+}
+
 int count(const std::shared_ptr<jit::Graph>& graph, c10::Symbol kind) {
   int n = 0;
   jit::DepthFirstGraphNodeIterator nodes(const_cast<std::shared_ptr<jit::Graph>&>(graph));
@@ -149,13 +158,7 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
   jit::ConstantPropagation(graph, /*ignore_custom_classes=*/true);
   // Pooling first: a relu between a conv2d and a max_pool2d goes with the pooling, which applies
   // it to a quarter of the values.
-  for (const Pattern* pattern : {&kReluMaxPool, &kConvRelu, &kTracedConvRelu, &kLinearRelu}) {
-    for (const char* relu : {"aten::relu", "aten::relu_"}) {
-      jit::SubgraphRewriter rewriter;
-      rewriter.RegisterRewritePattern(with_relu(pattern->pattern, relu), pattern->replacement);
-      rewriter.runOnGraph(graph, fusable);
-    }
-  }
+  for (const Pattern* pattern : {&kReluMaxPool, &kConvRelu, &kTracedConvRelu, &kLinearRelu}) rewrite(graph, *pattern);
   for (const auto& [op, what] : {std::pair<const char*, const char*>{"afterburner::relu_max_pool2d", "relu + max_pool2d"},
                                  {"afterburner::conv2d_relu", "conv2d + relu"},
                                  {"afterburner::linear_relu", "linear + relu"}}) {
@@ -174,6 +177,13 @@ void inline_calls(torch::jit::Graph& graph) {
   // Callees' own graphs hold calls in turn: inline until none is left.
   while (inline_calls_once(graph.block())) {
   }
+}
+
+int fuse_relu_max_pool2d(std::shared_ptr<torch::jit::Graph>& graph) {
+  const c10::Symbol fused = c10::Symbol::fromQualString("afterburner::relu_max_pool2d");
+  const int before = count(graph, fused);
+  rewrite(graph, kReluMaxPool);
+  return count(graph, fused) - before;
 }
 
 ScriptFuseResult fuse_forward(const torch::jit::Module& module) {

@@ -116,7 +116,6 @@ void Batcher::work(std::size_t instance) {
     ++warmed_up_;
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lock(mutex_);
-    // The cause alone: the interpreter's message holds its whole TorchScript traceback.
     warm_up_error_ = fmt::format("model '{}': warm-up failed: {}", config_.name, first_line(e));
   }
   changed_.notify_all();
@@ -131,16 +130,26 @@ void Batcher::work(std::size_t instance) {
 }
 
 // Every batch size once, so that allocator pools and the JIT's per-shape work are done before
-// the model reports ready.
+// the model reports ready. A model that fails on them fails with its own error first, then the
+// inputs it was given.
 void Batcher::warm_up(const Runner& runner) {
   for (int64_t samples = 1; samples <= config_.max_batch_size; ++samples) {
     std::vector<at::Tensor> inputs;
+    std::vector<std::string> described;
     for (const auto& spec : config_.inputs) {
       std::vector<int64_t> shape{samples};
       for (int64_t dim : spec.dims) shape.push_back(dim == -1 ? 1 : dim);
       inputs.push_back(at::zeros(shape, at::TensorOptions().dtype(scalar_type(spec.datatype))));
+      described.push_back(fmt::format("'{}' {} [{}]", spec.name, datatype_name(spec.datatype), fmt::join(shape, ", ")));
     }
-    check_outputs(config_, runner(inputs), samples);
+    std::vector<at::Tensor> outputs;
+    try {
+      outputs = runner(inputs);
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("{} (on zeros shaped as the config's inputs: {})", first_line(e),
+                              fmt::join(described, ", ")));
+    }
+    check_outputs(config_, outputs, samples);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <set>
 
 #include "afterburner/core/error.h"
 #include "afterburner/infer/model_file.h"
@@ -17,6 +18,45 @@
 namespace afterburner::serve {
 
 namespace {
+
+// The floating-point dtypes of a model's weights: its parameters and buffers, or, frozen, the
+// tensor constants of its forward.
+std::set<at::ScalarType> weight_dtypes(const torch::jit::Module& module) {
+  std::set<at::ScalarType> dtypes;
+  auto add = [&dtypes](const at::Tensor& tensor) {
+    if (tensor.is_floating_point()) dtypes.insert(tensor.scalar_type());
+  };
+  for (const auto& parameter : module.parameters()) add(parameter);
+  for (const auto& buffer : module.buffers()) add(buffer);
+  for (const torch::jit::Node* node : module.get_method("forward").graph()->nodes()) {
+    const auto constant = node->kind() == c10::prim::Constant ? torch::jit::toIValue(node->output()) : c10::nullopt;
+    if (constant && constant->isTensor()) add(constant->toTensor());
+  }
+  return dtypes;
+}
+
+std::string datatype_or_dtype(at::ScalarType dtype) {
+  for (DataType datatype : {DataType::FP16, DataType::FP32, DataType::FP64}) {
+    if (scalar_type(datatype) == dtype) return std::string(datatype_name(datatype));
+  }
+  return c10::toString(dtype);
+}
+
+// Why a model whose weights are all of one floating-point dtype may fail on its config's inputs:
+// "input 'x' is FP16 in DIR/config.toml, but the model computes in FP32", or "" if no
+// floating-point input differs from its weights.
+std::string datatype_mismatch(const ModelConfig& config, const torch::jit::Module& module) {
+  const std::set<at::ScalarType> weights = weight_dtypes(module);
+  if (weights.size() != 1) return "";
+  for (const auto& spec : config.inputs) {
+    const at::ScalarType input = scalar_type(spec.datatype);
+    if (at::isFloatingType(input) && input != *weights.begin()) {
+      return fmt::format("input '{}' is {} in {}, but the model computes in {}", spec.name,
+                         datatype_name(spec.datatype), config.config_file.string(), datatype_or_dtype(*weights.begin()));
+    }
+  }
+  return "";
+}
 
 // Frozen and laid out for oneDNN as `afterburner optimize` verifies its output (a model that is
 // already optimized, or a plain export, alike): the serving copy of the model.
@@ -31,11 +71,19 @@ torch::jit::Module load_torchscript(const ModelConfig& config) {
 }
 
 // Each instance has its own copy of the module: forward() on one module is not meant to run
-// on several threads at once.
+// on several threads at once. Where the config's datatypes are not the model's, a failure says
+// so first: LibTorch's own words name neither ("dense_to_mkldnn expects float or bfloat16
+// tensor input" for FP16 images to an FP32 convolution).
 Runner make_runner(const ModelConfig& config) {
   auto module = std::make_shared<torch::jit::Module>(load_torchscript(config));
-  return [module](const std::vector<at::Tensor>& inputs) {
-    return infer::output_tensors(module->forward(std::vector<c10::IValue>(inputs.begin(), inputs.end())));
+  const std::string mismatch = datatype_mismatch(config, *module);
+  return [module, mismatch](const std::vector<at::Tensor>& inputs) {
+    try {
+      return infer::output_tensors(module->forward(std::vector<c10::IValue>(inputs.begin(), inputs.end())));
+    } catch (const std::exception& e) {
+      if (mismatch.empty()) throw;
+      throw Error(fmt::format("{}: {}", mismatch, first_line(e)));
+    }
   };
 }
 

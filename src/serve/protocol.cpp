@@ -5,6 +5,7 @@
 #include <simdjson.h>
 
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -62,7 +63,9 @@ decltype(auto) with_element_type(DataType type, F&& f) {
   return f(float{});
 }
 
-// One number (or bool) into `out`.
+// One number (or bool) into `out`. A number the datatype cannot hold is refused: an integer
+// outside its range, a float that would round to infinity (JSON has no infinity, so a client
+// sending 1e39 as FP32 means a number, not what a cast would make of it).
 template <typename T>
 simdjson::error_code read_scalar(const dom::element& element, T& out, std::string_view where) {
   if constexpr (std::is_same_v<T, bool>) {
@@ -71,6 +74,11 @@ simdjson::error_code read_scalar(const dom::element& element, T& out, std::strin
     double value = 0;
     auto error = element.get_double().get(value);
     out = static_cast<T>(value);
+    if (!error && std::isinf(static_cast<double>(out))) {
+      bad_request(fmt::format("{}: {} is out of range for {} (largest {:g})", where, value,
+                              datatype_name(datatype_of(c10::CppTypeToScalarType<T>::value)),
+                              static_cast<double>(std::numeric_limits<T>::max())));
+    }
     return error;
   } else {
     int64_t value = 0;
@@ -216,6 +224,21 @@ void check_against_spec(const TensorHeader& header, const TensorSpec& spec, cons
   }
 }
 
+// Where the config says allow_non_finite = false: refused before the model runs, naming the first
+// NaN or infinity.
+void check_finite(const at::Tensor& tensor, const TensorSpec& spec) {
+  if (spec.allow_non_finite || !tensor.is_floating_point()) return;
+  const at::Tensor non_finite = tensor.isfinite().logical_not();
+  if (!non_finite.any().item<bool>()) return;
+  const at::Tensor first = non_finite.nonzero().select(0, 0).contiguous();
+  const std::vector<int64_t> index(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + first.numel());
+  at::Tensor element = tensor;
+  for (const int64_t position : index) element = element.select(0, position);
+  bad_request(fmt::format("input '{}': element [{}] is {}, and the model's config forbids NaN and infinities in it "
+                          "(allow_non_finite = false)",
+                          spec.name, fmt::join(index, ", "), element.item<double>()));
+}
+
 template <typename Specs>
 std::string spec_names(const Specs& specs) {
   std::vector<std::string> names;
@@ -251,6 +274,7 @@ void read_inputs(const dom::array& inputs, const ModelConfig& config, BinarySect
     }
     request.batch_size = header.shape[0];
     request.inputs[index] = read_data(tensor, header, binary, json_length, fmt::format("input '{}'", header.name));
+    check_finite(request.inputs[index], config.inputs[index]);
   }
   for (std::size_t i = 0; i < config.inputs.size(); ++i) {
     if (!request.inputs[i].defined()) bad_request(fmt::format("input '{}' is missing", config.inputs[i].name));

@@ -91,6 +91,8 @@ class TableReader {
   std::string prefix_;
 };
 
+bool is_floating(DataType type) { return type == DataType::FP16 || type == DataType::FP32 || type == DataType::FP64; }
+
 std::vector<TensorSpec> read_tensor_specs(const toml::table& config, std::string_view key, const std::string& file) {
   const toml::node* node = config.get(key);
   if (!node) throw UsageError(fmt::format("{}: {}", file, key), "missing: at least one [[" + std::string(key) + "]]");
@@ -98,10 +100,15 @@ std::vector<TensorSpec> read_tensor_specs(const toml::table& config, std::string
   if (!tables || tables->empty() || !tables->is_array_of_tables()) {
     throw UsageError(fmt::format("{}: {}", file, key), "must be one or more [[" + std::string(key) + "]] tables");
   }
+  const bool inputs = key == "input";
   std::vector<TensorSpec> specs;
   for (std::size_t i = 0; i < tables->size(); ++i) {
     TableReader reader(*tables->get(i)->as_table(), file, fmt::format("{}[{}].", key, i));
-    reader.reject_unknown_keys({"name", "datatype", "dims"});
+    if (inputs) {
+      reader.reject_unknown_keys({"name", "datatype", "dims", "allow_non_finite"});
+    } else {
+      reader.reject_unknown_keys({"name", "datatype", "dims"});
+    }
     TensorSpec spec;
     spec.name = reader.string("name");
     auto datatype = parse_datatype(reader.string("datatype"));
@@ -110,6 +117,13 @@ std::vector<TensorSpec> read_tensor_specs(const toml::table& config, std::string
     auto dims = reader.integers("dims", 1, /*allow_any=*/true);
     if (!dims) reader.fail("dims", "missing");
     spec.dims = *dims;
+    if (auto allow = reader.boolean("allow_non_finite")) {
+      if (!is_floating(spec.datatype)) {
+        reader.fail("allow_non_finite", fmt::format("applies to FP16, FP32 and FP64 inputs, '{}' is {}", spec.name,
+                                                    datatype_name(spec.datatype)));
+      }
+      spec.allow_non_finite = *allow;
+    }
     for (const auto& other : specs) {
       if (other.name == spec.name) reader.fail("name", "duplicate name '" + spec.name + "'");
     }

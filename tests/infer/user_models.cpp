@@ -13,6 +13,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/infer/verify.h"
+#include "non_finite.h"
 #include "testing.h"
 
 namespace afterburner::testing {
@@ -66,22 +67,38 @@ std::vector<std::string> generated_model_names() {
   return names;
 }
 
+namespace {
+
+// The fixture's tensors <prefix>_input0, _input1, ... and <prefix>_output0, ...
+Batch read_batch(const torch::jit::Module& io, const std::string& prefix) {
+  Batch tensors;
+  for (int i = 0; io.hasattr(fmt::format("{}_input{}", prefix, i)); ++i) {
+    tensors.inputs.push_back(io.attr(fmt::format("{}_input{}", prefix, i)).toTensor());
+  }
+  for (int j = 0; io.hasattr(fmt::format("{}_output{}", prefix, j)); ++j) {
+    tensors.outputs.push_back(io.attr(fmt::format("{}_output{}", prefix, j)).toTensor());
+  }
+  return tensors;
+}
+
+}  // namespace
+
 std::map<int64_t, Batch> read_batches(const fs::path& io_file) {
   auto io = torch::jit::load(io_file.string());
   std::map<int64_t, Batch> batches;
   for (int64_t batch : kCorpusBatchSizes) {
-    Batch& tensors = batches[batch];
-    for (int i = 0; io.hasattr(fmt::format("batch{}_input{}", batch, i)); ++i) {
-      tensors.inputs.push_back(io.attr(fmt::format("batch{}_input{}", batch, i)).toTensor());
-    }
-    for (int j = 0; io.hasattr(fmt::format("batch{}_output{}", batch, j)); ++j) {
-      tensors.outputs.push_back(io.attr(fmt::format("batch{}_output{}", batch, j)).toTensor());
-    }
-    if (tensors.inputs.empty() || tensors.outputs.empty()) {
+    batches[batch] = read_batch(io, fmt::format("batch{}", batch));
+    if (batches[batch].inputs.empty() || batches[batch].outputs.empty()) {
       throw std::runtime_error(fmt::format("{}: no inputs or outputs at batch size {}", io_file.string(), batch));
     }
   }
   return batches;
+}
+
+std::optional<Batch> read_non_finite_batch(const fs::path& io_file) {
+  Batch rows = read_batch(torch::jit::load(io_file.string()), "nonfinite");
+  if (rows.inputs.empty()) return std::nullopt;
+  return rows;
 }
 
 const UserModel& user_model(const std::string& name) {
@@ -91,7 +108,9 @@ const UserModel& user_model(const std::string& name) {
   auto found = models.find(name);
   if (found != models.end()) return found->second;
   const fs::path& dir = user_models_dir();
-  UserModel model{name, dir / (name + ".pt"), dir / (name + "_examples.pt"), read_batches(dir / (name + "_io.pt"))};
+  const fs::path fixture = dir / (name + "_io.pt");
+  UserModel model{name, dir / (name + ".pt"), dir / (name + "_examples.pt"), read_batches(fixture),
+                  read_non_finite_batch(fixture)};
   return models.emplace(name, std::move(model)).first->second;
 }
 
@@ -205,6 +224,15 @@ const std::vector<std::string> kPathOrder{
 
 size_t rank_of(const std::vector<std::string>& order, const std::string& item) {
   return std::find(order.begin(), order.end(), item) - order.begin();
+}
+
+// check_non_finite's rows, each after its path's own.
+const std::string kNonFiniteRows = ", NaN and inf rows";
+
+size_t path_rank(const std::string& path) {
+  const bool non_finite = path.size() > kNonFiniteRows.size() &&
+                          path.compare(path.size() - kNonFiniteRows.size(), kNonFiniteRows.size(), kNonFiniteRows) == 0;
+  return 2 * rank_of(kPathOrder, non_finite ? path.substr(0, path.size() - kNonFiniteRows.size()) : path) + non_finite;
 }
 
 std::string cell(double value) {
@@ -327,6 +355,30 @@ PathCheck check_path(const UserModel& model, const std::string& path, const Runn
   return check;
 }
 
+PathCheck check_non_finite(const UserModel& model, const std::string& path, const Runner& runner,
+                           const Tolerance& tolerance) {
+  PathCheck check;
+  if (!model.non_finite) return check;
+  auto fail = [&check](const std::string& what) {
+    if (check.passed) check.failure = what;
+    check.passed = false;
+  };
+  try {
+    const std::vector<torch::Tensor> outputs = runner(model.non_finite->inputs);
+    const std::vector<torch::Tensor>& python = model.non_finite->outputs;
+    if (outputs.size() != python.size()) fail(fmt::format("{} outputs, Python's model returns {}", outputs.size(), python.size()));
+    for (size_t j = 0; j < std::min(outputs.size(), python.size()); ++j) {
+      const auto agreement = AgreesWithNonFinite(outputs[j], python[j], tolerance.atol, tolerance.rtol);
+      if (!agreement) fail(fmt::format("output {}: {}", j, agreement.message()));
+    }
+  } catch (const std::exception& e) {
+    fail("threw: " + first_line(e));
+  }
+  add_row(model.name, path + kNonFiniteRows,
+          {"-", "-", "-", "-", "-", "", tolerance.describe(), check.passed ? "ok" : "**FAIL**: " + check.failure});
+  return check;
+}
+
 void report_refusal(const std::string& model, const std::string& path, const std::string& message) {
   add_row(model, path, {"-", "-", "-", "-", "-", "", "", "refused: " + message});
 }
@@ -347,7 +399,7 @@ std::string write_report() {
         if (parts.size() < 2) continue;
         std::string markdown = "|";
         for (const auto& part : parts) markdown += " " + part + " |";
-        rows.push_back({rank_of(user_model_names(), parts[0]), rank_of(kPathOrder, parts[1]), markdown});
+        rows.push_back({rank_of(user_model_names(), parts[0]), path_rank(parts[1]), markdown});
       }
     }
   }
@@ -360,7 +412,8 @@ std::string write_report() {
       "path; "
       "cells are the worst max abs difference over every output element at that batch size; "
       "'after {} calls' is the last answer at every batch size after {} rounds of batch sizes 1, 2 and 7, "
-      "'(changed)' if any repeated answer differed bitwise from the first. Top-1: argmax agreement over the "
+      "'(changed)' if any repeated answer differed bitwise from the first. 'NaN and inf rows': five inputs holding "
+      "NaN, +inf and -inf, answered with NaN and infinities where Python has them, the rest within the tolerance. Top-1: argmax agreement over the "
       "last dimension, all batch sizes. No sketch is exact (a layer is sketched only at a rank below half its "
       "smaller side): the sketch rows compare with Python running the same sketched file. Tolerances are argued in "
       "tests/infer/differential_test.cpp. Written by the differential tests "

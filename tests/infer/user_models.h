@@ -36,6 +36,9 @@ struct UserModel {
   std::filesystem::path file;        // the TorchScript file Python saved
   std::filesystem::path examples;    // torch.save of the batch-64 inputs (optimize --example-inputs)
   std::map<int64_t, Batch> batches;  // Python's, by batch size
+  // Five rows holding NaN, +inf and -inf, and Python's outputs for them; none for models taking
+  // token ids.
+  std::optional<Batch> non_finite;
 };
 
 // Every model of the corpus, in user_models.py's order: each base model scripted, traced, and
@@ -50,6 +53,7 @@ const UserModel& user_model(const std::string& name);
 
 // Reads a fixture in user_models.py's layout (its _io.pt files, or what its --run mode wrote).
 std::map<int64_t, Batch> read_batches(const std::filesystem::path& io_file);
+std::optional<Batch> read_non_finite_batch(const std::filesystem::path& io_file);
 
 // Python runs each (model file, fixture) with torch.jit.load on the fixture's inputs; returns
 // its outputs in the fixture's layout, one map per pair. Throws std::runtime_error with
@@ -86,6 +90,12 @@ struct PathCheck {
 // the report.
 PathCheck check_path(const UserModel& model, const std::string& path, const Runner& runner,
                      const Tolerance& tolerance);
+
+// Calls `runner` on the model's rows holding NaN and infinities (when it has them) and compares
+// with Python: NaN where Python has NaN, the same infinities, the finite elements within
+// `tolerance`. Adds the row "model | path, NaN and inf rows | ..." to the report.
+PathCheck check_non_finite(const UserModel& model, const std::string& path, const Runner& runner,
+                           const Tolerance& tolerance);
 
 // A path that refuses the model: the report says why ("refused: <message>"). `message` must be
 // one line.

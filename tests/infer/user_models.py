@@ -15,6 +15,9 @@ Generate mode:
                             batchB_inputI   forward's I-th argument, B rows (the first B of 64)
                             batchB_outputJ  the J-th output (0 for a tensor, one per tuple
                                             element) of Python's forward at batch size B
+                          and, for models whose inputs are floating point, five rows of the
+                          batch-64 inputs holding NaN and infinities (non_finite_rows):
+                            nonfinite_inputI, nonfinite_outputJ
     DIR/NAME_examples.pt  torch.save of the tuple of the batch-64 inputs, the file of example
                           inputs `afterburner optimize --example-inputs` reads
     DIR/models.txt        the names, one a line
@@ -215,6 +218,23 @@ def as_outputs(result):
     return list(result) if isinstance(result, tuple) else [result]
 
 
+def non_finite_rows(inputs):
+    """The first five rows of `inputs`, rows 0, 1 and 2 with a NaN, a +inf and a -inf in the first
+    input, row 3 with a +inf in the last (for a model with two floating-point inputs), row 4 as it
+    was; None if an input is not floating point (token ids)."""
+    if not all(x.is_floating_point() for x in inputs):
+        return None
+    generator = torch.Generator().manual_seed(SEED + 1)
+    rows = [x[:5].clone() for x in inputs]
+    plants = [(0, 0, float("nan")), (1, 0, float("inf")), (2, 0, float("-inf"))]
+    if len(rows) > 1:
+        plants.append((3, len(rows) - 1, float("inf")))
+    for row, argument, value in plants:
+        sample = rows[argument][row].view(-1)
+        sample[torch.randint(sample.numel(), (1,), generator=generator)] = value
+    return rows
+
+
 def fixture_tensors(model, inputs):
     """The layout above for `model` on `inputs` (batch-64 tensors, one per argument)."""
     tensors = {}
@@ -225,6 +245,12 @@ def fixture_tensors(model, inputs):
                 tensors[f"batch{batch}_input{i}"] = x
             for j, y in enumerate(as_outputs(model(*rows))):
                 tensors[f"batch{batch}_output{j}"] = y
+        rows = non_finite_rows(inputs)
+        if rows is not None:
+            for i, x in enumerate(rows):
+                tensors[f"nonfinite_input{i}"] = x
+            for j, y in enumerate(as_outputs(model(*rows))):
+                tensors[f"nonfinite_output{j}"] = y
     return tensors
 
 

@@ -2,7 +2,9 @@
 // parameters and buffers bitwise unchanged and returns memory of its own, forward and backward;
 // a second call, and a call without grad mode, give bitwise the same results; and value and
 // gradients match LibTorch's unfused ops (autograd of those) within a tolerance per precision,
-// second-order gradients too (backward under create_graph) for the cases that ask.
+// second-order gradients too (backward under create_graph) for the cases that ask. Every
+// variant runs on finite inputs and again on inputs holding NaN, +inf and -inf, where NaN and
+// infinities must come out where LibTorch's ops put them.
 //
 //   const OpCase relu_case{"relu", {Precision::fp32, Precision::bf16}, {{1, 7}, {13, 5}},
 //                          {Layout::contiguous, Layout::transposed},
@@ -10,7 +12,7 @@
 //                            const torch::Tensor x = in.random({s[0], s[1]}, layout);
 //                            return Trial{[x] { return my_relu(x); }, [x] { return torch::relu(x); }};
 //                          }};
-//   expect_kernel_contract(relu_case);   // every precision x shape x layout, traced on failure
+//   expect_kernel_contract(relu_case);   // every precision x shape x layout x values, traced on failure
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "autograd_check.h"
+#include "non_finite.h"
 
 namespace afterburner::testing {
 
@@ -65,6 +68,12 @@ inline const char* to_string(Precision precision) {
   return "?";
 }
 
+// What the drawn inputs hold: normal values only, or also NaN, +inf and -inf (with_non_finite:
+// one of each in every drawn tensor that has three elements).
+enum class Values { finite, non_finite };
+
+inline const char* to_string(Values values) { return values == Values::finite ? "finite" : "NaN, +inf and -inf"; }
+
 inline torch::Dtype tensor_dtype(Precision precision) {
   switch (precision) {
     case Precision::fp64: return torch::kDouble;
@@ -74,8 +83,8 @@ inline torch::Dtype tensor_dtype(Precision precision) {
 }
 
 // |actual - expected| <= rtol |expected| + atol max(1, max |expected|), elementwise: atol is
-// relative to the largest magnitude, since a sum that cancels to near 0 keeps the rounding error
-// of its largest terms.
+// relative to the largest finite magnitude, since a sum that cancels to near 0 keeps the
+// rounding error of its largest terms. NaN and infinities must match exactly.
 struct Tolerance {
   double atol, rtol;
 };
@@ -95,8 +104,10 @@ inline Tolerance default_tolerance(Precision precision) {
 
 inline ::testing::AssertionResult Close(const torch::Tensor& actual, const torch::Tensor& expected,
                                         const Tolerance& tolerance) {
-  const double largest = expected.numel() == 0 ? 0.0 : expected.detach().abs().max().item<double>();
-  return AllClose(actual, expected, tolerance.atol * std::max(1.0, largest), tolerance.rtol);
+  const torch::Tensor magnitudes = expected.detach().to(torch::kDouble).abs();
+  const torch::Tensor finite = magnitudes.masked_select(magnitudes.isfinite());
+  const double largest = finite.numel() == 0 ? 0.0 : finite.max().item<double>();
+  return AgreesWithNonFinite(actual, expected, tolerance.atol * std::max(1.0, largest), tolerance.rtol);
 }
 
 // For references whose ops promote to fp32 under autocast (a sum onto fp32 zeros, a product with
@@ -122,11 +133,13 @@ inline bool shares_memory(const torch::Tensor& a, const torch::Tensor& b) {
 // memory, of which the input is a view).
 class Inputs {
  public:
-  Inputs(torch::Dtype dtype, uint64_t seed) : dtype_(dtype), generator_(at::detail::createCPUGenerator(seed)) {}
+  Inputs(torch::Dtype dtype, uint64_t seed, Values values = Values::finite)
+      : dtype_(dtype), values_(values), generator_(at::detail::createCPUGenerator(seed)) {}
 
   torch::Dtype dtype() const { return dtype_; }
 
-  // Standard normal values of `sizes` in `layout`.
+  // Standard normal values of `sizes` in `layout`, with NaN and infinities among the elements
+  // the input shows where the values say so.
   torch::Tensor random(std::vector<int64_t> sizes, Layout layout, bool requires_grad = true) {
     const int64_t dims = static_cast<int64_t>(sizes.size());
     if (layout == Layout::transposed && dims < 2) layout = Layout::strided;
@@ -142,14 +155,10 @@ class Inputs {
     }
     torch::Tensor leaf = torch::randn(drawn, generator_, torch::kFloat).to(dtype_);
     if (layout == Layout::channels_last) leaf = leaf.contiguous(at::MemoryFormat::ChannelsLast);
+    if (values_ == Values::non_finite) with_non_finite(laid_out(leaf, layout, sizes), generator_);
     leaf.requires_grad_(requires_grad);
     watch(leaf);
-    switch (layout) {
-      case Layout::strided: return leaf.slice(-1, 0, drawn.back(), 2);
-      case Layout::transposed: return leaf.transpose(-1, -2);
-      case Layout::expanded: return leaf.expand(sizes);
-      default: return leaf;
-    }
+    return laid_out(leaf, layout, sizes);
   }
 
   // Integers uniform in [0, high), e.g. class targets.
@@ -176,7 +185,17 @@ class Inputs {
   }
 
  private:
+  static torch::Tensor laid_out(const torch::Tensor& leaf, Layout layout, const std::vector<int64_t>& sizes) {
+    switch (layout) {
+      case Layout::strided: return leaf.slice(-1, 0, leaf.size(-1), 2);
+      case Layout::transposed: return leaf.transpose(-1, -2);
+      case Layout::expanded: return leaf.expand(sizes);
+      default: return leaf;
+    }
+  }
+
   torch::Dtype dtype_;
+  Values values_;
   at::Generator generator_;
   std::vector<torch::Tensor> watched_;
 };
@@ -203,6 +222,8 @@ struct OpCase {
   // The precisions in which the gradients are differentiated too: the gradient of
   // sum(w_i . dL/dv_i) over the differentiable inputs v_i, for fixed random w_i.
   std::vector<Precision> second_order = {};
+  // What the drawn inputs hold: every case runs on NaN and infinities too unless it says why not.
+  std::vector<Values> values = {Values::finite, Values::non_finite};
 };
 
 inline void PrintTo(const OpCase& c, std::ostream* out) { *out << c.name; }
@@ -279,7 +300,7 @@ inline std::vector<torch::Tensor> snapshot(const std::vector<torch::Tensor>& ten
 inline void expect_unchanged(const std::vector<torch::Tensor>& tensors, const std::vector<torch::Tensor>& before,
                              const char* when) {
   for (size_t i = 0; i < tensors.size(); ++i) {
-    EXPECT_TRUE(torch::equal(tensors[i].detach(), before[i])) << "input or parameter " << i << " changed " << when;
+    EXPECT_TRUE(BitwiseEqual(tensors[i], before[i])) << "input or parameter " << i << " changed " << when;
   }
 }
 
@@ -294,22 +315,22 @@ inline void expect_own_memory(const Run& run, const std::vector<torch::Tensor>& 
 }
 
 inline void expect_bitwise_equal(const Run& a, const Run& b, const char* what) {
-  EXPECT_TRUE(torch::equal(a.output, b.output)) << "outputs differ: " << what;
+  EXPECT_TRUE(BitwiseEqual(a.output, b.output)) << "outputs differ: " << what;
   ASSERT_EQ(a.grads.size(), b.grads.size());
   for (size_t g = 0; g < a.grads.size(); ++g) {
     EXPECT_EQ(a.grads[g].defined(), b.grads[g].defined());
     if (a.grads[g].defined() && b.grads[g].defined()) {
-      EXPECT_TRUE(torch::equal(a.grads[g], b.grads[g])) << "gradient " << g << " differs: " << what;
+      EXPECT_TRUE(BitwiseEqual(a.grads[g], b.grads[g])) << "gradient " << g << " differs: " << what;
     }
   }
 }
 
-inline void expect_contract(const OpCase& c, Precision precision, const Shape& shape, Layout layout) {
+inline void expect_contract(const OpCase& c, Precision precision, const Shape& shape, Layout layout, Values values) {
   constexpr uint64_t kInputSeed = 17, kUpstreamSeed = 29;
   const bool second_order =
       std::find(c.second_order.begin(), c.second_order.end(), precision) != c.second_order.end();
   torch::manual_seed(kInputSeed);  // module initialisation in `make`
-  Inputs inputs(tensor_dtype(precision), kInputSeed);
+  Inputs inputs(tensor_dtype(precision), kInputSeed, values);
   const Trial trial = c.make(inputs, shape, layout);
   const std::vector<torch::Tensor> before = snapshot(inputs.watched());
 
@@ -323,7 +344,7 @@ inline void expect_contract(const OpCase& c, Precision precision, const Shape& s
   {
     torch::NoGradGuard no_grad;
     const Run without_grad = run_once(trial.op, precision, inputs, kUpstreamSeed);
-    EXPECT_TRUE(c.same_path_without_grad ? torch::equal(without_grad.output, first.output)
+    EXPECT_TRUE(c.same_path_without_grad ? BitwiseEqual(without_grad.output, first.output)
                                          : Close(without_grad.output, first.output, tolerance))
         << "output differs without grad mode";
     expect_unchanged(inputs.watched(), before, "by a call without grad mode");
@@ -342,18 +363,21 @@ inline void expect_contract(const OpCase& c, Precision precision, const Shape& s
   }
 }
 
-// Every precision x shape x layout of the case.
+// Every precision x shape x layout x values of the case.
 inline void expect_kernel_contract(const OpCase& c) {
-  for (const Precision precision : c.precisions) {
-    for (const Shape& shape : c.shapes) {
-      for (const Layout layout : c.layouts) {
-        SCOPED_TRACE(::testing::Message() << c.name << ", " << to_string(precision) << ", shape "
-                                          << c10::IntArrayRef(shape) << ", " << to_string(layout));
-        try {
-          expect_contract(c, precision, shape, layout);
-        } catch (const std::exception& e) {  // reported with the trace, and the other variants still run
-          const std::string what = e.what();
-          ADD_FAILURE() << "threw: " << what.substr(0, what.find('\n'));
+  for (const Values values : c.values) {
+    for (const Precision precision : c.precisions) {
+      for (const Shape& shape : c.shapes) {
+        for (const Layout layout : c.layouts) {
+          SCOPED_TRACE(::testing::Message() << c.name << ", " << to_string(precision) << ", shape "
+                                            << c10::IntArrayRef(shape) << ", " << to_string(layout) << ", "
+                                            << to_string(values));
+          try {
+            expect_contract(c, precision, shape, layout, values);
+          } catch (const std::exception& e) {  // reported with the trace, and the other variants still run
+            const std::string what = e.what();
+            ADD_FAILURE() << "threw: " << what.substr(0, what.find('\n'));
+          }
         }
       }
     }

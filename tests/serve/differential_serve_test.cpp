@@ -1,8 +1,8 @@
 // Every model of the differential corpus (tests/infer/user_models.py: written in Python the way
 // users write them) served over HTTP on loopback, through the JSON and the binary tensor
 // codecs, compared with Python's outputs at batch sizes 1, 2, 7 and 64 and after 100 more
-// requests (tests/infer/user_models.h), within 1e-5 absolute + 1e-5 relative. Rows go to
-// <build>/differential-report.md.
+// requests (tests/infer/user_models.h), within 1e-5 absolute + 1e-5 relative; over the binary
+// codec also the rows holding NaN and infinities. Rows go to <build>/differential-report.md.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -99,6 +99,9 @@ TEST_P(DifferentialServe, EveryModelAnswersAsPython) {
     auto check = afterburner::testing::check_path(model, binary ? "serve binary" : "serve JSON", runner,
                                                   afterburner::testing::kExact);
     EXPECT_TRUE(check.passed) << name << ": " << check.failure;
+    if (!binary) continue;  // JSON has no NaN or infinity
+    auto non_finite = afterburner::testing::check_non_finite(model, "serve binary", runner, afterburner::testing::kExact);
+    EXPECT_TRUE(non_finite.passed) << name << ": " << non_finite.failure;
   }
 }
 

@@ -8,6 +8,8 @@
 #include <thread>
 
 #include "afterburner/core/error.h"
+#include "afterburner/infer/model_file.h"
+#include "afterburner/infer/optimize.h"
 #include "afterburner/models/zoo.h"
 #include "afterburner/serve/protocol.h"
 #include "cnn_repository.h"
@@ -184,11 +186,11 @@ TEST(ModelService, OutputsThatDoNotMatchTheConfigAreNamedAtStartUp) {
 }
 
 // A repository whose cnn is a 3x3 convolution (1 -> 4 channels, no bias) called as `convolution`
-// (TorchScript source), with the cnn's config (it fails before returning anything); with a
-// training attribute as Python saves one, or without as models::export_torchscript writes modules.
-void write_convolution_model(const std::filesystem::path& repository, const std::string& convolution, bool training) {
+// (TorchScript source), with the cnn's config (it fails before returning anything) and a
+// training attribute as Python saves one.
+void write_convolution_model(const std::filesystem::path& repository, const std::string& convolution) {
   torch::jit::Module model("__torch__.Convolution");
-  if (training) model.register_attribute("training", c10::BoolType::get(), false);
+  model.register_attribute("training", c10::BoolType::get(), false);
   model.register_parameter("weight", torch::randn({4, 1, 3, 3}), false);
   model.define("def forward(self, x):\n    return " + convolution + "\n");
   std::filesystem::create_directories(repository / "cnn");
@@ -200,20 +202,51 @@ void write_convolution_model(const std::filesystem::path& repository, const std:
 // start-up error names the file and the convolution, in one line.
 TEST(ModelService, AConvolutionOneDnnCannotLayOutIsNamedAtStartUp) {
   TempDir dir;
-  write_convolution_model(dir.path(), "torch.conv2d(x, self.weight, None, [1, 0])", true);
+  write_convolution_model(dir.path(), "torch.conv2d(x, self.weight, None, [1, 0])");
   std::string message = error_message<Error>([&] { ModelService service(dir.path().string()); });
   EXPECT_TRUE(Contains(message, (dir / "cnn" / "model.pt").string() + ": cannot be prepared for serving (infer: "
                                 "aten::conv2d with stride [1, 0] is not supported: stride must be at least 1)"));
   EXPECT_EQ(message.find('\n'), std::string::npos) << message;
 }
 
-// A forward that fails in the TorchScript interpreter: the warm-up error is its cause, not the
-// interpreter's traceback.
-TEST(ModelService, AWarmUpErrorIsItsCauseInOneLine) {
-  TempDir dir;
-  write_convolution_model(dir.path(), "torch.conv2d(x, self.weight, None, [1, 0])", false);
-  std::string message = error_message<Error>([&] { ModelService service(dir.path().string()); });
-  EXPECT_EQ(message, "model 'cnn': warm-up failed: RuntimeError: non-positive stride is not supported");
+// small_cnn_config with its input's `key = value` line (the first of that key) replaced.
+std::string small_cnn_config_with(const std::string& line, const std::string& replacement) {
+  std::string config = small_cnn_config();
+  return config.replace(config.find(line), line.size(), replacement);
+}
+
+// One line that names the model, opens with LibTorch's reason and closes with the inputs it was
+// given, without the TorchScript traceback (some 3,000 characters) it used to quote.
+TEST(ModelService, AWarmUpFailureIsOneShortLineWithTheCauseFirst) {
+  CnnRepository repository(small_cnn_config_with("dims = [1, 28, 28]", "dims = [2, 28, 28]"));
+  std::string message = error_message<Error>([&] { ModelService service(repository.dir.path().string()); });
+  EXPECT_EQ(message.rfind("model 'cnn': warm-up failed: Given groups=1, weight of size [32, 1, 3, 3], expected "
+                          "input[1, 2, 28, 28] to have 1 channels, but got 2 channels instead",
+                          0),
+            0u)
+      << message;
+  EXPECT_TRUE(Contains(message, "(on zeros shaped as the config's inputs: 'input' FP32 [1, 2, 28, 28])"));
+  EXPECT_EQ(message.find('\n'), std::string::npos);
+  EXPECT_FALSE(Contains(message, "\\x0a"));
+  EXPECT_FALSE(Contains(message, "Traceback"));
+  EXPECT_LT(message.size(), 300u);
+}
+
+// FP16 images for an FP32 model, optimized as served (oneDNN's layouts, whose error is
+// "dense_to_mkldnn expects float or bfloat16 tensor input"): the input, the configured datatype
+// and the model's are named first.
+TEST(ModelService, AConfigDatatypeTheModelCannotTakeIsNamed) {
+  CnnRepository repository(small_cnn_config_with("datatype = \"FP32\"", "datatype = \"FP16\""));
+  const std::string file = (repository.dir / "cnn" / "model.pt").string();
+  infer::save_model(infer::optimize(infer::load_model(file)).model, file);
+  std::string message = error_message<Error>([&] { ModelService service(repository.dir.path().string()); });
+  EXPECT_EQ(message.rfind("model 'cnn': warm-up failed: input 'input' is FP16 in " +
+                              (repository.dir / "cnn" / "config.toml").string() + ", but the model computes in FP32: ",
+                          0),
+            0u)
+      << message;
+  EXPECT_TRUE(Contains(message, "(on zeros shaped as the config's inputs: 'input' FP16 [1, 1, 28, 28])"));
+  EXPECT_EQ(message.find('\n'), std::string::npos);
 }
 
 }  // namespace

@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
+
+#include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
@@ -245,6 +248,60 @@ TEST(Protocol, IntegersOutOfTheDatatypeRangeAreRefused) {
                                    model_config(DataType::INT8, {2}));
   EXPECT_EQ(error.status(), 400);
   EXPECT_TRUE(Contains(error.what(), "input 'input'.data: 300 is out of range"));
+}
+
+// JSON has no infinity: a number that would round to one in the input's datatype is a mistake
+// the client hears of, not an infinity for the model.
+TEST(Protocol, FloatsBeyondTheDatatypeRangeAreRefusedNamingInputAndNumber) {
+  const auto body = [](const char* datatype, const std::string& number) {
+    return fmt::format(R"({{"inputs":[{{"name":"input","datatype":"{}","shape":[1,2],"data":[1,{}]}}]}})", datatype,
+                       number);
+  };
+  const std::vector<std::tuple<DataType, std::string, std::string>> refused{
+      {DataType::FP32, "3.5e38", "input 'input'.data: 3.5e+38 is out of range for FP32 (largest 3.40282e+38)"},
+      {DataType::FP32, "-1e39", "input 'input'.data: -1e+39 is out of range for FP32"},
+      {DataType::FP16, "70000", "input 'input'.data: 70000 is out of range for FP16 (largest 65504)"},
+      {DataType::FP16, "-65520", "input 'input'.data: -65520 is out of range for FP16"}};
+  for (const auto& [datatype, number, message] : refused) {
+    RequestError error = parse_error(body(std::string(datatype_name(datatype)).c_str(), number),
+                                     model_config(datatype, {2}));
+    EXPECT_EQ(error.status(), 400) << number;
+    EXPECT_TRUE(Contains(error.what(), message)) << error.what();
+  }
+  // The largest finite values (and what rounds to them) are numbers.
+  const std::vector<std::tuple<DataType, std::string, double>> kept{
+      {DataType::FP32, "3.4028235e38", std::numeric_limits<float>::max()},
+      {DataType::FP16, "65504", 65504},
+      {DataType::FP16, "65519", 65504},
+      {DataType::FP64, "1e300", 1e300}};
+  for (const auto& [datatype, number, value] : kept) {
+    at::Tensor input = parse(body(std::string(datatype_name(datatype)).c_str(), number), model_config(datatype, {2}))
+                           .inputs.at(0);
+    EXPECT_EQ(input[0][1].item<double>(), value) << number;
+  }
+}
+
+// allow_non_finite = false refuses NaN and infinities in that input (they come in binary: JSON
+// has neither), naming the input and the first such element; by default they pass.
+TEST(Protocol, InputsTheConfigKeepsFiniteRefuseNanAndInfinities) {
+  ModelConfig forbidding = model_config(DataType::FP32, {3});
+  forbidding.inputs[0].allow_non_finite = false;
+  for (const auto& [value, name] : std::vector<std::pair<double, std::string>>{
+           {std::nan(""), "nan"}, {std::numeric_limits<double>::infinity(), "inf"},
+           {-std::numeric_limits<double>::infinity(), "-inf"}}) {
+    at::Tensor x = torch::ones({2, 3});
+    x[1][2] = value;
+    const auto encoded = encode_infer_request({{"input", x}}, RequestOptions().binary_inputs(true));
+    RequestError error = parse_error(encoded.body, forbidding, encoded.json_length);
+    EXPECT_EQ(error.status(), 400);
+    EXPECT_STREQ(error.what(), ("input 'input': element [1, 2] is " + name +
+                                ", and the model's config forbids NaN and infinities in it (allow_non_finite = false)")
+                                   .c_str());
+    at::Tensor passed = parse(encoded.body, model_config(DataType::FP32, {3}), encoded.json_length).inputs.at(0);
+    EXPECT_TRUE(torch::allclose(passed, x, 0, 0, /*equal_nan=*/true));
+  }
+  const auto finite = encode_infer_request({{"input", torch::ones({2, 3})}}, RequestOptions().binary_inputs(true));
+  EXPECT_TRUE(torch::equal(parse(finite.body, forbidding, finite.json_length).inputs.at(0), torch::ones({2, 3})));
 }
 
 TEST(Protocol, HugeShapesAreRefusedBeforeAllocating) {

@@ -40,6 +40,7 @@ TEST(Repository, ReadsTheIssueConfig) {
   EXPECT_EQ(config.inputs[0].name, "input");
   EXPECT_EQ(config.inputs[0].datatype, DataType::FP32);
   EXPECT_EQ(config.inputs[0].dims, (std::vector<int64_t>{1, 28, 28}));
+  EXPECT_TRUE(config.inputs[0].allow_non_finite) << "NaN and infinities pass, as in Python";
   ASSERT_EQ(config.outputs.size(), 1u);
   EXPECT_EQ(config.outputs[0].name, "output");
   EXPECT_EQ(config.outputs[0].dims, (std::vector<int64_t>{10}));
@@ -61,6 +62,11 @@ dims = [-1]
 name = "b"
 datatype = "UINT8"
 dims = [3]
+[[input]]
+name = "c"
+datatype = "FP16"
+dims = [3]
+allow_non_finite = false
 [[output]]
 name = "y"
 datatype = "FP64"
@@ -71,7 +77,8 @@ dims = [2]
   EXPECT_EQ(config.instances, 2);
   EXPECT_EQ(config.queue_capacity(), 5);
   EXPECT_EQ(config.timeout_us, 1000);
-  ASSERT_EQ(config.inputs.size(), 2u);
+  ASSERT_EQ(config.inputs.size(), 3u);
+  EXPECT_FALSE(config.inputs[2].allow_non_finite);
   EXPECT_EQ(config.inputs[0].datatype, DataType::INT64);
   EXPECT_EQ(config.inputs[0].dims, (std::vector<int64_t>{-1}));
   EXPECT_EQ(config.inputs[1].datatype, DataType::UINT8);
@@ -118,6 +125,11 @@ TEST(Repository, EachBadKeyIsNamedWithItsFile) {
       {"name = \"input\"", "", "input[0].name", "missing"},
       {"name = \"input\"", "name = \"\"", "input[0].name", "non-empty string"},
       {"name = \"input\"", "name = \"input\"\nshape = [1]", "input[0].shape", "unknown key"},
+      {"dims = [1, 28, 28]", "dims = [1, 28, 28]\nallow_non_finite = \"no\"", "input[0].allow_non_finite",
+       "true or false"},
+      {"datatype = \"FP32\"\ndims = [1, 28, 28]", "datatype = \"INT64\"\ndims = [1, 28, 28]\nallow_non_finite = false",
+       "input[0].allow_non_finite", "applies to FP16, FP32 and FP64 inputs, 'input' is INT64"},
+      {"dims = [10]", "dims = [10]\nallow_non_finite = false", "output[0].allow_non_finite", "unknown key"},
       {"dims = [10]", "dims = [10]\n[[output]]\nname = \"output\"\ndatatype = \"FP32\"\ndims = [1]", "output[1].name",
        "duplicate name 'output'"},
       {"[[output]]\nname = \"output\"\ndatatype = \"FP32\"\ndims = [10]\n", "", "output", "missing"},

@@ -35,7 +35,8 @@ inline std::string one_line(const std::string& text) {
 
 // The first line of `e`'s message, without LibTorch's C++ backtrace: what a one-line error
 // quotes when it passes on why LibTorch refused something. For an error the TorchScript
-// interpreter passes on, the failing op's own error, which its message ends with.
+// interpreter passes on, the failing op's own error, which its message ends with (without
+// "RuntimeError: "), rather than the traceback it opens with.
 std::string first_line(const std::exception& e);
 
 // Base of every error afterburner raises on purpose. what() is one line, whatever it quotes.

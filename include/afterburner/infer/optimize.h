@@ -54,8 +54,9 @@ OptimizeResult optimize(const torch::jit::Module& model, const OptimizeOptions& 
 
 // torch::jit::optimize_for_inference on a copy of an optimized (frozen) model: convolutions on
 // oneDNN's blocked layout with prepacked weights, linear weights pre-transposed, then fp32
-// linear layers routed to oneDNN's GEMM (onednn_linear.h). Same outputs up to float rounding;
-// the result cannot be saved.
+// linear layers routed to oneDNN's GEMM (onednn_linear.h) and the oneDNN ops that would drop
+// NaN or infinities rewritten (non_finite.h). Same outputs up to float rounding, NaN and
+// infinities where LibTorch's ops put them; the result cannot be saved.
 torch::jit::Module prepare_for_inference(const torch::jit::Module& optimized);
 
 // load_model then prepare_for_inference. Throws ModelError naming the file.

@@ -10,6 +10,7 @@
 
 #include <torch/arg.h>
 #include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/ir/ir.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <memory>
@@ -53,6 +54,10 @@ struct ScriptFuseResult {
 // relu (unless that relu goes to a max_pool2d) and linear then relu rewritten onto afterburner's
 // ops. Parameters stay the module's: training through the result trains the module.
 ScriptFuseResult fuse_forward(const torch::jit::Module& module);
+
+// relu (or an in-place relu_ of a value nothing else reads) then max_pool2d, in `graph` as it
+// stands (no inlining), rewritten onto afterburner::relu_max_pool2d; returns how many were.
+int fuse_relu_max_pool2d(std::shared_ptr<torch::jit::Graph>& graph);
 
 // A copy of `module` (types of its own, the same parameter and buffer tensors) whose forward is
 // fused as fuse_forward's: calling, training or saving it runs the fused ops. Python's

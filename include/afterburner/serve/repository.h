@@ -27,6 +27,9 @@ struct TensorSpec {
   std::string name;
   DataType datatype = DataType::FP32;
   std::vector<int64_t> dims;  // per sample, without the batch dimension; -1 = any size
+  // Inputs only: false refuses requests holding NaN or infinities in this input with a 400
+  // (true, the default, passes them to the model, which answers as Python's would).
+  bool allow_non_finite = true;
 };
 
 struct ModelConfig {
