@@ -215,23 +215,29 @@ TEST(TrainRanks, ResumeWithTheSameRanksContinuesExactly) {
   EXPECT_TRUE(testing::fails_with(alone, 1, {"checkpoint.pt: was written by a run of 2 rank(s) and this run has 1"}));
 }
 
-// Starts `--nproc 2` on `job`, sends `signal` to rank 1 once it has trained a few seconds, and
-// returns how the job ended and how long it took.
+// Starts `--nproc 2` on `job`, sends `signal` to rank 1 once the job has trained a few seconds,
+// and returns how the job ended and how long it took. It waits for the first step's progress line
+// rather than a fixed time: on a loaded machine rank 1 could still be joining the job, and rank 0
+// then fails to join instead of seeing rank 1 stop answering. The progress lines are kept out of
+// the job's stderr the test reads.
 std::pair<CommandResult, double> signal_rank_1(const Job& job, const std::string& signal, const std::string& timeout) {
   std::vector<std::string> command{testing::cli_binary().string()};
-  for (const auto& arg : job.args({{"--nproc", "2"}, {"--epochs", "500"}, {"--dist-timeout", timeout}})) {
+  for (const auto& arg : job.args({{"--nproc", "2"}, {"--epochs", "500"}, {"--dist-timeout", timeout},
+                                             {"--progress", "log"}})) {
     command.push_back(arg);
   }
   const std::string script = R"(
 signal=$1; shift
-"$@" & launcher=$!
+log=$(mktemp)
+"$@" 2> >(tee "$log" | grep -v '^epoch ' >&2) & launcher=$!
 for i in $(seq 100); do
   for child in $(cat /proc/$launcher/task/*/children 2>/dev/null); do
     tr '\0' '\n' < /proc/$child/environ 2>/dev/null | grep -qx RANK=1 && rank1=$child
   done
   [ -n "$rank1" ] && break; sleep 0.1
 done
-sleep 4; kill -$signal $rank1; wait $launcher)";
+for i in $(seq 600); do grep -q ' step [0-9]' "$log" && break; sleep 0.1; done
+sleep 2; kill -$signal $rank1; wait $launcher; status=$?; rm -f "$log"; exit $status)";
   std::vector<std::string> argv{"bash", "-c", script, "job", signal};
   argv.insert(argv.end(), command.begin(), command.end());
   const auto start = std::chrono::steady_clock::now();
