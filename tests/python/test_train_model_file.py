@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from afterburner import data
+from image_models import ResidualAttention
 
 BINARY = os.environ.get("AFTERBURNER_BINARY", "")
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -34,30 +35,6 @@ class UserCnn(torch.nn.Module):
         x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.fc(self.dropout(torch.flatten(x, 1)))
-
-
-class ResidualAttention(torch.nn.Module):
-    """The model of issue 25 whose resume drifted: BatchNorm, a residual block with SiLU, a strided
-    convolution into tokens, LayerNorm, multi-head attention and a GELU head with Dropout."""
-
-    def __init__(self):
-        super().__init__()
-        self.stem = torch.nn.Conv2d(1, 16, 3, stride=2, padding=1)
-        self.bn = torch.nn.BatchNorm2d(16)
-        self.conv = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False)
-        self.block_bn = torch.nn.BatchNorm2d(16)
-        self.proj = torch.nn.Conv2d(16, 32, 2, stride=2)
-        self.norm = torch.nn.LayerNorm(32)
-        self.attention = torch.nn.MultiheadAttention(32, 4, batch_first=True)
-        self.head = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Dropout(0.1),
-                                        torch.nn.Linear(64, 10))
-
-    def forward(self, x):
-        x = F.relu(self.bn(self.stem(x)))
-        x = F.silu(self.block_bn(self.conv(x)) + x)
-        tokens = self.norm(self.proj(x).flatten(2).transpose(1, 2))
-        attended, _ = self.attention(tokens, tokens, tokens)
-        return self.head((tokens + attended).mean(1))
 
 
 def saved(module, path, trace=False):
