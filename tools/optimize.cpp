@@ -31,6 +31,8 @@ struct OptimizeArgs {
   bool force = false;
   int threads = 0;
   double measure_seconds = infer::MeasureOptions().seconds_per_batch_size();
+  std::vector<int64_t> batch_sizes = infer::MeasureOptions().batch_sizes();
+  double verify_seconds = infer::OptimizeFileOptions().verify_seconds();
 };
 
 std::vector<int64_t> parse_shape(const std::string& text) {
@@ -67,22 +69,13 @@ infer::OptimizeFileOptions file_options(const OptimizeArgs& args) {
       .example_inputs(args.example_inputs)
       .tolerance(tolerance)
       .force(args.force)
-      .measure_seconds(args.measure_seconds);
+      .verify_seconds(args.verify_seconds)
+      .measure_seconds(args.measure_seconds)
+      .batch_sizes(args.batch_sizes);
 }
 
-void print_speed(const std::string& label, const infer::Speed& speed) {
-  std::cout << label << "\n";
-  for (const auto& point : speed.points) std::cout << "  " << infer::describe(point) << "\n";
-}
-
-int run_optimize(const OptimizeArgs& args) {
-  const auto options = file_options(args);
-  ThreadsGuard threads(args.threads > 0 ? args.threads : available_cores());
-  // Inference allocates the same activations call after call: keep them in the heap (core/heap.h),
-  // for the timings before and after alike.
-  keep_freed_memory();
-  const auto report = infer::optimize_file(args.input, args.output, options);
-  std::cout << "verified on " << report.verified_on << "\npasses:\n";
+void print_verified(const infer::OptimizeFileReport& report, const std::string& output) {
+  std::cout << "passes:\n";
   for (const auto& pass : report.passes) std::cout << "  " << pass << "\n";
   if (report.outputs.size() == 1) {
     std::cout << "agreement: " << infer::describe(report.agreement) << "\n";
@@ -97,10 +90,35 @@ int run_optimize(const OptimizeArgs& args) {
     std::cerr << fmt::format("afterburner: verification failed (tolerance: {}); writing anyway (--force)\n",
                              infer::describe(report.tolerance));
   }
-  std::cout << "wrote " << args.output << "\n";
+  std::cout << "wrote " << output << "\n";
+}
+
+// Each step as it happens, flushed: a 224x224 model takes a minute, and a pipe would otherwise
+// hold every line until the end.
+void print_progress(const infer::OptimizeFileProgress& progress, const OptimizeArgs& args) {
+  using Step = infer::OptimizeFileProgress::Step;
+  if (progress.measured) {
+    std::cout << "  " << infer::describe(*progress.measured) << std::endl;
+    return;
+  }
+  switch (progress.step) {
+    case Step::verifying: std::cout << "verifying on " << progress.report.verified_on << "\n"; break;
+    case Step::written: print_verified(progress.report, args.output); break;
+    case Step::measuring_before: std::cout << "before (original, TorchScript as loaded):\n"; break;
+    case Step::measuring_after: std::cout << "after (" << args.precision << ", as infer::load_optimized runs it):\n"; break;
+  }
+  std::cout << std::flush;
+}
+
+int run_optimize(const OptimizeArgs& args) {
+  const auto options =
+      file_options(args).on_progress([&args](const infer::OptimizeFileProgress& p) { print_progress(p, args); });
+  ThreadsGuard threads(args.threads > 0 ? args.threads : available_cores());
+  // Inference allocates the same activations call after call: keep them in the heap (core/heap.h),
+  // for the timings before and after alike.
+  keep_freed_memory();
+  const auto report = infer::optimize_file(args.input, args.output, options);
   if (report.after.points.empty()) return 0;
-  print_speed("before (original, TorchScript as loaded):", report.before);
-  print_speed("after (" + args.precision + ", as infer::load_optimized runs it):", report.after);
   std::cout << fmt::format("best batch size after: {}\n", report.after.best().batch_size);
   return 0;
 }
@@ -154,9 +172,17 @@ Command add_optimize_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0));
   sub->add_flag("--force", args->force, "write the model even when verification fails");
   sub->add_option("--threads", args->threads, "intra-op threads (default: all available cores)");
-  sub->add_option("--measure-seconds", args->measure_seconds, "timing per batch size and model (0: no timing)")
+  sub->add_option("--verify-seconds", args->verify_seconds,
+                  "verify on as many inputs as the original and optimized models get through in about this time "
+                  "(at least " + std::to_string(infer::kMinVerifiedSamples) + ")")
+      ->capture_default_str()
+      ->check(kPositive);
+  sub->add_option("--measure-seconds", args->measure_seconds,
+                  "timing budget per batch size and model, warm-up included; a batch size whose call takes longer "
+                  "gets one untimed and one timed call (0: no timing)")
       ->capture_default_str()
       ->check(kNonNegative);
+  add_list_option(sub, "--batch-sizes", args->batch_sizes, "batch sizes to measure");
   return {sub, [args] { return run_optimize(*args); }};
 }
 

@@ -18,8 +18,9 @@ const SpeedPoint& Speed::best() const {
 }
 
 std::string describe(const SpeedPoint& point) {
-  return fmt::format("batch {}: {:.0f} samples/s, latency p50 {:.3f} ms, p99 {:.3f} ms ({} calls)",
-                     point.batch_size, point.samples_per_second, point.p50_ms, point.p99_ms, point.calls);
+  return fmt::format("batch {}: {:.0f} samples/s, latency p50 {:.3f} ms, p99 {:.3f} ms ({} call{} timed)",
+                     point.batch_size, point.samples_per_second, point.p50_ms, point.p99_ms, point.calls,
+                     point.calls == 1 ? "" : "s");
 }
 
 namespace {
@@ -41,21 +42,40 @@ std::vector<torch::jit::IValue> batch_of(const std::vector<torch::Tensor>& examp
   return batch;
 }
 
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The untimed calls: see MeasureOptions for why the first runs whatever the budget and the rest
+// only while they are cheap against it. Returns how many ran.
+int warm_up(torch::jit::Module& model, const std::vector<torch::jit::IValue>& input, const MeasureOptions& options,
+            Clock::time_point start) {
+  const double warmup_budget = options.seconds_per_batch_size() / 4;
+  int calls = 0;
+  while (calls < options.warmup_calls() && (calls == 0 || seconds_since(start) < warmup_budget)) {
+    model.forward(input);
+    ++calls;
+  }
+  return calls;
+}
+
 SpeedPoint measure_batch(torch::jit::Module& model, const std::vector<torch::Tensor>& examples, int64_t batch_size,
                          const MeasureOptions& options) {
-  using Clock = std::chrono::steady_clock;
   const std::vector<torch::jit::IValue> input = batch_of(examples, batch_size);
-  for (int i = 0; i < options.warmup_calls(); ++i) model.forward(input);
+  const auto start = Clock::now();
+  SpeedPoint point;
+  point.warmup_calls = warm_up(model, input, options, start);
 
   std::vector<double> latencies_ms;
-  const auto deadline = Clock::now() + std::chrono::duration<double>(options.seconds_per_batch_size());
-  while (static_cast<int>(latencies_ms.size()) < options.min_calls() || Clock::now() < deadline) {
-    const auto start = Clock::now();
+  do {
+    const auto call_start = Clock::now();
     model.forward(input);
-    latencies_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-  }
+    latencies_ms.push_back(1000.0 * seconds_since(call_start));
+  } while (seconds_since(start) < options.seconds_per_batch_size());
+  point.seconds = seconds_since(start);
   std::sort(latencies_ms.begin(), latencies_ms.end());
-  SpeedPoint point;
   point.batch_size = batch_size;
   point.p50_ms = percentile(latencies_ms, 0.5);
   point.p99_ms = percentile(latencies_ms, 0.99);
@@ -64,18 +84,18 @@ SpeedPoint measure_batch(torch::jit::Module& model, const std::vector<torch::Ten
   return point;
 }
 
-void check_batch_sizes(const MeasureOptions& options) {
+}  // namespace
+
+void check_measure_options(const MeasureOptions& options) {
   if (options.batch_sizes().empty()) throw UsageError("batch_sizes", "no batch size to measure");
   for (auto size : options.batch_sizes()) {
     if (size < 1) throw UsageError("batch_sizes", fmt::format("{} is not a positive batch size", size));
   }
 }
 
-}  // namespace
-
 Speed measure_inputs(torch::jit::Module& model, const std::vector<torch::Tensor>& examples,
                      const MeasureOptions& options) {
-  check_batch_sizes(options);
+  check_measure_options(options);
   if (examples.empty()) throw UsageError("examples", "no example inputs");
   for (const auto& example : examples) {
     if (example.dim() == 0 || example.size(0) < 1 || example.size(0) != examples[0].size(0)) {
@@ -84,12 +104,15 @@ Speed measure_inputs(torch::jit::Module& model, const std::vector<torch::Tensor>
   }
   c10::InferenceMode inference;
   Speed speed;
-  for (auto size : options.batch_sizes()) speed.points.push_back(measure_batch(model, examples, size, options));
+  for (auto size : options.batch_sizes()) {
+    speed.points.push_back(measure_batch(model, examples, size, options));
+    if (options.on_measured()) options.on_measured()(speed.points.back());
+  }
   return speed;
 }
 
 Speed measure(torch::jit::Module& model, const std::vector<int64_t>& sample_shape, const MeasureOptions& options) {
-  check_batch_sizes(options);
+  check_measure_options(options);
   std::vector<int64_t> shape{*std::max_element(options.batch_sizes().begin(), options.batch_sizes().end())};
   shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
   return measure_inputs(model, {torch::randn(shape)}, options);

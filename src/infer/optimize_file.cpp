@@ -4,9 +4,12 @@
 #include <fmt/ranges.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 
 #include "afterburner/core/archive.h"
 #include "afterburner/core/error.h"
@@ -131,18 +134,81 @@ void check_runs_on(torch::jit::Module& model, const std::string& input, const Ve
   }
 }
 
-}  // namespace
+// The faster of two calls of `model` on the first `rows` rows, in seconds.
+double fastest_call(torch::jit::Module& model, const std::vector<torch::Tensor>& tensors, int64_t rows) {
+  std::vector<c10::IValue> batch;
+  for (const auto& tensor : tensors) batch.emplace_back(tensor.slice(0, 0, rows));
+  c10::InferenceMode inference;
+  double fastest = std::numeric_limits<double>::infinity();
+  for (int call = 0; call < 2; ++call) {
+    const auto start = std::chrono::steady_clock::now();
+    model.forward(batch);
+    fastest = std::min(fastest, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return fastest;
+}
 
-OptimizeFileReport optimize_file(const std::string& input, const std::string& output,
-                                 const OptimizeFileOptions& options) {
-  OptimizeFileReport report;
-  report.tolerance = options.tolerance().value_or(default_tolerance(options.precision()));
-  torch::manual_seed(0);
-  auto original = load_model(input);
-  original.eval();  // saved in training mode, its dropout would make verification a coin toss
-  const VerificationInputs inputs = verification_inputs(input, original, options);
-  report.verified_on = inputs.description;
-  check_runs_on(original, input, inputs, options);
+// The original's seconds per sample, on 4 rows, then 4 times as many until a call takes long
+// enough to time (a cheap model's few rows are all overhead and jitter) or all rows are used.
+// Two calls each, after check_runs_on's first: TorchScript's profiling executor optimizes the
+// graph during the second call, and the faster of two is the less disturbed.
+double seconds_per_sample(torch::jit::Module& model, const std::vector<torch::Tensor>& tensors) {
+  constexpr double kTimeable = 0.05;
+  const int64_t all = tensors[0].size(0);
+  int64_t rows = std::min<int64_t>(4, all);
+  double seconds = fastest_call(model, tensors, rows);
+  while (seconds < kTimeable && rows < all) {
+    rows = std::min(4 * rows, all);
+    seconds = fastest_call(model, tensors, rows);
+  }
+  return seconds / static_cast<double>(rows);
+}
+
+// The first rows of `inputs` that verification gets through in options.verify_seconds(), at
+// least kMinVerifiedSamples: verification runs the original and the optimized model on each,
+// about twice the original's cost (the optimized model is rarely slower). The user's example
+// inputs are all kept: their number is the user's choice, and a top-1 agreement over fewer
+// would turn one near tie into a failed verification.
+VerificationInputs within_verify_time(torch::jit::Module& original, const VerificationInputs& inputs,
+                                      const OptimizeFileOptions& options) {
+  if (!options.example_inputs().empty()) return inputs;
+  const int64_t rows = inputs.tensors[0].size(0);
+  const double per_sample = seconds_per_sample(original, inputs.tensors);
+  const double affordable = options.verify_seconds() / (2 * per_sample);
+  const int64_t kept = affordable >= static_cast<double>(rows)
+                           ? rows
+                           : std::max(std::min(kMinVerifiedSamples, rows), static_cast<int64_t>(affordable));
+  if (kept == rows) return inputs;
+  VerificationInputs first;
+  for (const auto& tensor : inputs.tensors) first.tensors.push_back(tensor.slice(0, 0, kept));
+  first.description = fmt::format("{} of {} (what {:g} s of verification allows at {:.3g} ms a sample)", kept,
+                                  inputs.description, options.verify_seconds(), 1000 * per_sample);
+  return first;
+}
+
+void notify(const OptimizeFileOptions& options, OptimizeFileProgress::Step step, const OptimizeFileReport& report,
+            const SpeedPoint* measured = nullptr) {
+  if (options.on_progress()) options.on_progress()(OptimizeFileProgress{step, report, measured});
+}
+
+MeasureOptions measuring(const OptimizeFileOptions& options) {
+  return MeasureOptions().batch_sizes(options.batch_sizes()).seconds_per_batch_size(options.measure_seconds());
+}
+
+// `model`'s speed on the verification inputs (all of them, not only those verified), each batch
+// size reported as measured.
+Speed measure_reporting(torch::jit::Module& model, const VerificationInputs& inputs, const OptimizeFileOptions& options,
+                        OptimizeFileProgress::Step step, const OptimizeFileReport& report) {
+  notify(options, step, report);
+  return measure_inputs(model, inputs.tensors,
+                        measuring(options).on_measured([&](const SpeedPoint& point) { notify(options, step, report, &point); }));
+}
+
+// Optimizes `original` and verifies it as it will run against the original on `inputs`, filling
+// the report's passes and agreement.
+OptimizeResult optimize_verified(const std::string& input, torch::jit::Module& original,
+                                 const VerificationInputs& inputs, const OptimizeFileOptions& options,
+                                 OptimizeFileReport& report) {
   OptimizeResult result;
   try {
     result = optimize(original, OptimizeOptions().precision(options.precision()));
@@ -156,17 +222,37 @@ OptimizeFileReport optimize_file(const std::string& input, const std::string& ou
   report.passes = result.passes;
   report.agreement = worst(report.outputs);
   report.agrees = within(report.outputs, report.tolerance);
+  return result;
+}
+
+}  // namespace
+
+OptimizeFileReport optimize_file(const std::string& input, const std::string& output,
+                                 const OptimizeFileOptions& options) {
+  using Step = OptimizeFileProgress::Step;
+  if (options.measure_seconds() > 0) check_measure_options(measuring(options));  // before minutes of work
+  OptimizeFileReport report;
+  report.tolerance = options.tolerance().value_or(default_tolerance(options.precision()));
+  torch::manual_seed(0);
+  auto original = load_model(input);
+  original.eval();  // saved in training mode, its dropout would make verification a coin toss
+  const VerificationInputs inputs = verification_inputs(input, original, options);
+  check_runs_on(original, input, inputs, options);
+  const VerificationInputs verified = within_verify_time(original, inputs, options);
+  report.verified_on = verified.description;
+  notify(options, Step::verifying, report);
+  const OptimizeResult result = optimize_verified(input, original, verified, options, report);
   if (!report.agrees && !options.force()) {
     throw Error(fmt::format("{}: not written, verification failed: {} (tolerance: {}); --force writes it anyway",
                             output, describe(report.outputs), describe(report.tolerance)));
   }
   save_model(result.model, output);
+  notify(options, Step::written, report);
 
   if (options.measure_seconds() > 0) {
-    const auto measuring = MeasureOptions().seconds_per_batch_size(options.measure_seconds());
-    report.before = measure_inputs(original, inputs.tensors, measuring);
+    report.before = measure_reporting(original, inputs, options, Step::measuring_before, report);
     auto deployed = load_optimized(output);
-    report.after = measure_inputs(deployed, inputs.tensors, measuring);
+    report.after = measure_reporting(deployed, inputs, options, Step::measuring_after, report);
   }
   return report;
 }

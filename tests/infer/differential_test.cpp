@@ -186,7 +186,7 @@ TEST_F(DifferentialCli, OptimizeVerifiesAndMeasuresOnExampleInputs) {
     auto result = optimize(name, {"--precision", "bf16", "--example-inputs", user_model(name).examples.string(),
                                   "--measure-seconds", "0.01"});
     ASSERT_EQ(result.exit_code, 0) << name << ": " << result.err;
-    for (const auto& part : {"verified on 64 example inputs from " + user_model(name).examples.string(),
+    for (const auto& part : {"verifying on 64 example inputs from " + user_model(name).examples.string(),
                              std::string("before (original"), std::string("after (bf16"), std::string("batch 64:")}) {
       EXPECT_TRUE(Contains(result.out, part)) << name;
     }

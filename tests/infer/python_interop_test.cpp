@@ -9,13 +9,13 @@
 namespace afterburner::testing {
 namespace {
 
-const char* const kPython = "/usr/bin/python3";
+const char* const kDebianPython = "/usr/bin/python3";
 
 std::string export_reference() { return (source_dir() / "bench" / "export_reference.py").string(); }
 
 TEST(PythonInterop, PythonScriptedModelsOptimizeAndAgree) {
   TempDir dir;
-  auto exported = run({kPython, export_reference(), "--out", dir.path().string(), "--models", "cnn", "mlp"});
+  auto exported = run({kDebianPython, export_reference(), "--out", dir.path().string(), "--models", "cnn", "mlp"});
   ASSERT_EQ(exported.exit_code, 0) << exported.err;
   for (const std::string name : {"cnn", "mlp"}) {
     auto io = torch::jit::load((dir / (name + "_io.pt")).string());
@@ -29,7 +29,7 @@ TEST(PythonInterop, PythonScriptedModelsOptimizeAndAgree) {
     // Python's torch.jit.load runs the optimized file and gets Python's own outputs.
     const auto optimized = dir / (name + "-opt.pt");
     infer::save_model(result.model, optimized.string());
-    auto checked = run({kPython, export_reference(), "--check", optimized.string(),
+    auto checked = run({kDebianPython, export_reference(), "--check", optimized.string(),
                         (dir / (name + "_io.pt")).string(), "--tolerance", "1e-4"});
     EXPECT_EQ(checked.exit_code, 0) << name << ": " << checked.out << checked.err;
   }
@@ -38,7 +38,7 @@ TEST(PythonInterop, PythonScriptedModelsOptimizeAndAgree) {
 TEST(PythonInterop, TorchSaveFilesAreNotTorchScript) {
   TempDir dir;
   const auto path = dir / "state_dict.pt";
-  auto saved = run({kPython, "-c", "import sys, torch; torch.save(torch.nn.Linear(2, 2).state_dict(), sys.argv[1])",
+  auto saved = run({kDebianPython, "-c", "import sys, torch; torch.save(torch.nn.Linear(2, 2).state_dict(), sys.argv[1])",
                     path.string()});
   ASSERT_EQ(saved.exit_code, 0) << saved.err;
   auto message = error_message<infer::ModelError>([&] { infer::load_model(path.string()); });
@@ -47,7 +47,7 @@ TEST(PythonInterop, TorchSaveFilesAreNotTorchScript) {
 
 TEST(PythonInterop, PythonLoadsInt8AndBf16Models) {
   TempDir dir;
-  auto exported = run({kPython, export_reference(), "--out", dir.path().string(), "--models", "mlp"});
+  auto exported = run({kDebianPython, export_reference(), "--out", dir.path().string(), "--models", "mlp"});
   ASSERT_EQ(exported.exit_code, 0) << exported.err;
   auto model = infer::load_model((dir / "mlp.pt").string());
   auto io = torch::jit::load((dir / "mlp_io.pt").string());
@@ -61,7 +61,7 @@ TEST(PythonInterop, PythonLoadsInt8AndBf16Models) {
     c10::InferenceMode inference;
     fixture.register_buffer("output", result.model.forward({io.attr("input").toTensor()}).toTensor());
     fixture.save((dir / "cpp_io.pt").string());
-    auto checked = run({kPython, export_reference(), "--check", optimized.string(), (dir / "cpp_io.pt").string(),
+    auto checked = run({kDebianPython, export_reference(), "--check", optimized.string(), (dir / "cpp_io.pt").string(),
                         "--tolerance", "1e-5"});
     EXPECT_EQ(checked.exit_code, 0) << infer::to_string(precision) << ": " << checked.out << checked.err;
   }

@@ -1,7 +1,12 @@
-// verify() against hand-computed differences, and measure()'s bookkeeping.
+// verify() against hand-computed differences, and measure()'s bookkeeping: its calls against
+// its time budget.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "afterburner/core/error.h"
 #include "afterburner/infer/measure.h"
@@ -72,12 +77,70 @@ TEST(Measure, ReportsEachBatchSizeAndTheBest) {
   for (size_t i = 0; i < 2; ++i) {
     const auto& point = speed.points[i];
     EXPECT_EQ(point.batch_size, i == 0 ? 1 : 4);
-    EXPECT_GE(point.calls, 5);
+    EXPECT_GE(point.calls, 1);
     EXPECT_LE(point.p50_ms, point.p99_ms);
     EXPECT_DOUBLE_EQ(point.samples_per_second, 1000.0 * point.batch_size / point.p50_ms);
   }
   const auto& best = speed.best();
   for (const auto& point : speed.points) EXPECT_GE(best.samples_per_second, point.samples_per_second);
+}
+
+// forward(x) = x + 1, counting its calls in an attribute: what measure() reports against what ran.
+torch::jit::Module counting_calls() {
+  torch::jit::Module model("__torch__.CountingCalls");
+  model.register_attribute("calls", c10::IntType::get(), int64_t{0});
+  model.define("def forward(self, x):\n    self.calls += 1\n    return x + 1\n");
+  return model;
+}
+
+int64_t calls_made(const torch::jit::Module& model) { return model.attr("calls").toInt(); }
+
+// A budget smaller than one call (a large model's batch of 256 takes seconds): one untimed call
+// and one timed, whatever warmup_calls asks.
+TEST(Measure, ABudgetShorterThanACallTakesOneWarmUpAndOneTimedCall) {
+  auto model = counting_calls();
+  auto options = infer::MeasureOptions().batch_sizes({1, 4, 16}).warmup_calls(3).seconds_per_batch_size(1e-9);
+  auto speed = infer::measure(model, {8}, options);
+  ASSERT_EQ(speed.points.size(), 3u);
+  for (const auto& point : speed.points) {
+    EXPECT_EQ(point.warmup_calls, 1) << point.batch_size;
+    EXPECT_EQ(point.calls, 1) << point.batch_size;
+    EXPECT_TRUE(Contains(infer::describe(point), "(1 call timed)")) << infer::describe(point);
+  }
+  EXPECT_EQ(calls_made(model), 6);
+}
+
+// A cheap call within a budget: every warm-up call asked for, then timed calls until it is spent.
+TEST(Measure, CheapCallsWarmUpFullyAndEveryCallIsCounted) {
+  auto model = counting_calls();
+  auto speed = infer::measure(model, {8}, infer::MeasureOptions().batch_sizes({2}).warmup_calls(3).seconds_per_batch_size(0.2));
+  const auto& point = speed.points.at(0);
+  EXPECT_EQ(point.warmup_calls, 3);
+  EXPECT_GE(point.calls, 1);
+  EXPECT_EQ(calls_made(model), point.warmup_calls + point.calls);
+  EXPECT_GE(point.seconds, 0.2);
+  EXPECT_TRUE(Contains(infer::describe(point), fmt::format("({} calls timed)", point.calls)));
+}
+
+TEST(Measure, NoWarmUpWhenNoneIsAskedFor) {
+  auto model = counting_calls();
+  auto speed = infer::measure(model, {8}, infer::MeasureOptions().batch_sizes({2}).warmup_calls(0).seconds_per_batch_size(0));
+  EXPECT_EQ(speed.points.at(0).warmup_calls, 0);
+  EXPECT_EQ(calls_made(model), 1);
+}
+
+// Each point is passed on as soon as it is measured: before the next batch size's first call.
+TEST(Measure, EachBatchSizeIsReportedAsItIsMeasured) {
+  auto model = counting_calls();
+  std::vector<std::pair<int64_t, int64_t>> reported;  // batch size, calls made by then
+  auto options = infer::MeasureOptions().batch_sizes({3, 1}).seconds_per_batch_size(0.001).on_measured(
+      [&](const infer::SpeedPoint& point) { reported.emplace_back(point.batch_size, calls_made(model)); });
+  auto speed = infer::measure(model, {8}, options);
+  ASSERT_EQ(reported.size(), 2u);
+  EXPECT_EQ(reported[0].first, 3);
+  EXPECT_EQ(reported[0].second, speed.points[0].warmup_calls + speed.points[0].calls);
+  EXPECT_EQ(reported[1].first, 1);
+  EXPECT_EQ(reported[1].second, calls_made(model));
 }
 
 TEST(Measure, BadBatchSizesNameTheField) {
@@ -86,6 +149,10 @@ TEST(Measure, BadBatchSizesNameTheField) {
     auto message = error_message<UsageError>(
         [&] { infer::measure(model, {8}, infer::MeasureOptions().batch_sizes(sizes)); });
     EXPECT_TRUE(Contains(message, "batch_sizes"));
+    EXPECT_TRUE(Contains(error_message<UsageError>([&] {
+                           infer::check_measure_options(infer::MeasureOptions().batch_sizes(sizes));
+                         }),
+                         "batch_sizes"));
   }
   EXPECT_TRUE(Contains(error_message<Error>([] { infer::Speed().best(); }), "no batch sizes"));
 }

@@ -11,11 +11,19 @@
 //   // A model with several inputs, or token ids: verify and measure on examples Python saved with
 //   // torch.save((images, features), "examples.pt").
 //   infer::optimize_file("two.pt", "two-opt.pt", infer::OptimizeFileOptions().example_inputs("examples.pt"));
+//
+//   // A large model: a second per batch size and model, each batch size shown as it is measured.
+//   infer::optimize_file("resnet18.pt", "resnet18-opt.pt",
+//                        infer::OptimizeFileOptions().input_shape({3, 224, 224}).batch_sizes({1, 16, 64})
+//                            .measure_seconds(1).on_progress([](const infer::OptimizeFileProgress& progress) {
+//                              if (progress.measured) std::cout << infer::describe(*progress.measured) << "\n";
+//                            }));
 #pragma once
 
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +33,9 @@
 #include "afterburner/infer/verify.h"
 
 namespace afterburner::infer {
+
+struct OptimizeFileReport;
+struct OptimizeFileProgress;
 
 struct OptimizeFileOptions {
   TORCH_ARG(Precision, precision) = Precision::fp32;
@@ -42,14 +53,26 @@ struct OptimizeFileOptions {
   TORCH_ARG(std::optional<Tolerance>, tolerance);
   // Write even when verification fails (the report says it did).
   TORCH_ARG(bool, force) = false;
-  // Timing per batch size and model; 0 skips the measurement.
+  // Verification runs on as many of the random inputs or Fashion-MNIST images as the original
+  // and the optimized model get through in about this time (from the original's cost per sample
+  // on a few rows), and on at least kMinVerifiedSamples: 512 random 3x224x224 inputs took
+  // ResNet-18 half a minute. Example inputs are verified on all their rows.
+  TORCH_ARG(double, verify_seconds) = 10;
+  // Timing budget per batch size and model, warm-up included (MeasureOptions); 0 skips the
+  // measurement.
   TORCH_ARG(double, measure_seconds) = MeasureOptions().seconds_per_batch_size();
+  TORCH_ARG(std::vector<int64_t>, batch_sizes) = MeasureOptions().batch_sizes();
+  // Called as the flow goes (see OptimizeFileProgress), so that a caller can show a large
+  // model's minutes of verification and measurement as they pass.
+  TORCH_ARG(std::function<void(const OptimizeFileProgress&)>, on_progress) = nullptr;
 };
+
+constexpr int64_t kMinVerifiedSamples = 16;
 
 struct OptimizeFileReport {
   std::vector<std::string> passes;  // one line per pass
   std::string verified_on;          // "10000 Fashion-MNIST test images from DIR", "512 random inputs",
-                                    // "64 example inputs from FILE"
+                                    // "64 example inputs from FILE", "90 random inputs (of 512: ...)"
   std::vector<Agreement> outputs;   // one per model output (a tuple's elements)
   Agreement agreement;              // the worst over outputs
   Tolerance tolerance;
@@ -57,7 +80,21 @@ struct OptimizeFileReport {
   Speed before, after;              // empty when measure_seconds is 0
 };
 
-// Throws ModelError naming a file that cannot be read or written, DataError naming an example
+// Where optimize_file has got to.
+struct OptimizeFileProgress {
+  enum class Step {
+    verifying,         // about to verify on report.verified_on
+    written,           // verified and written: passes, outputs, agreement and agrees are set
+    measuring_before,  // the original model's speed: once with measured unset as it starts, then
+    measuring_after,   // once per batch size as measured; likewise the optimized model's
+  };
+  Step step;
+  const OptimizeFileReport& report;    // filled as far as the flow has got
+  const SpeedPoint* measured = nullptr;
+};
+
+// Verification and measurement feed random inputs of options.input_shape(), the Fashion-MNIST
+// test images or the example inputs, as options say. Throws ModelError naming a file that cannot be read or written, DataError naming an example
 // inputs file that cannot be read or does not fit the model, UsageError for bad options (and
 // "example_inputs" for a model random inputs cannot feed: several inputs), Error "<input>: the
 // model fails on <inputs>: <reason>" when the original model cannot run on the verification
