@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "afterburner/core/error.h"
+#include "afterburner/kernels/attention.h"
 #include "afterburner/kernels/conv_relu.h"
 #include "afterburner/kernels/cross_entropy.h"
 #include "afterburner/kernels/flat_optim.h"
@@ -112,6 +113,12 @@ TORCH_LIBRARY(afterburner, m) {
   // scale (x a) b + bias: the two GEMMs of a sketched layer.
   m.def("low_rank_linear(Tensor x, Tensor a, Tensor b, Tensor? bias=None, float scale=1.0) -> Tensor");
   register_kernels<low_rank_linear_op>(m, "low_rank_linear");
+  // softmax(query key^T * scale + attn_mask) value, as torch 2.x's scaled_dot_product_attention
+  // without dropout: bool masks true = attend, is_causal the top-left-aligned lower triangle, scale
+  // 1/sqrt(head dim) unless given (kernels::attention).
+  m.def("attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, bool is_causal=False, "
+        "float? scale=None) -> Tensor");
+  register_kernels<attention>(m, "attention");
   // One in-place step of torch.optim.SGD / AdamW over all the tensors given, in one fused pass
   // (kernels::sgd_step / adamw_step); run under no_grad, as optimizers step.
   m.def("sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, bool[] fresh, float lr, "

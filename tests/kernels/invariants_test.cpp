@@ -4,7 +4,7 @@
 //
 // Precisions: all ops fp32; bf16 tensors for all but the optimizers (FlatSGD/FlatAdamW refuse
 // them: fp32 master weights only, tested below); bf16 autocast for the ops that follow autocast
-// (linear_relu, Conv2dReLU, low_rank_linear, fuse); fp64 where the op has a path of its own.
+// (linear_relu, Conv2dReLU, low_rank_linear, fuse, attention); fp64 where the op has a path of its own.
 // mm and addmm are the building blocks inside autograd functions and run there in the dtype they
 // are given, so they are checked on fp32, bf16 and fp64 tensors rather than under autocast.
 // Second-order gradients (create_graph) are checked where the backward is differentiable.
@@ -12,12 +12,14 @@
 #include <torch/torch.h>
 
 #include <cctype>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "afterburner/kernels/attention.h"
 #include "afterburner/kernels/conv_relu.h"
 #include "afterburner/kernels/cross_entropy.h"
 #include "afterburner/kernels/flat_optim.h"
@@ -176,6 +178,66 @@ OpCase low_rank_case() {
           }};
 }
 
+// softmax(q k^T * scale + mask) v in LibTorch's unfused ops, torch 2.x's way (bool and causal
+// masks become 0 / -inf and are added), computed in fp32 on the values the op reads (bf16 inputs,
+// or under autocast the inputs rounded to bf16) with the result in the op's dtype: the kernel's
+// stated numerics. The bf16 composition itself is no reference for the gradients: it rounds
+// dP and softmax's row sums to bf16 before subtracting them, and where they cancel (identical
+// keys and values, as an expanded layout draws: every score gradient is exactly 0) it leaves
+// 0.04 where the answer is 0.
+torch::Tensor unfused_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, const torch::Tensor& mask,
+                                bool causal, double scale) {
+  const at::ScalarType out_dtype = in_autocast_dtype(q).scalar_type();
+  const at::ScalarType acc = out_dtype == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+  q = q.to(out_dtype).to(acc), k = k.to(out_dtype).to(acc), v = v.to(out_dtype).to(acc);
+  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
+  const auto additive = [&](const torch::Tensor& keep) {
+    return torch::zeros(keep.sizes(), scores.options()).masked_fill(keep.logical_not(), -INFINITY);
+  };
+  if (mask.defined()) scores = scores + (mask.scalar_type() == torch::kBool ? additive(mask) : mask.to(acc));
+  if (causal) scores = scores + additive(torch::ones({q.size(-2), k.size(-2)}, torch::kBool).tril());
+  return torch::matmul(torch::softmax(scores, -1), v).to(out_dtype);
+}
+
+// Shapes {B, H, Lq, Lk, D, mask (0 none, 1 bool, 2 float), causal}, across the kernel's blocks
+// (64 query, 128 key rows). A bool mask keeps where a drawn value exceeds -1.5 (about 93%); a
+// drawn NaN makes that element false.
+OpCase attention_case() {
+  OpCase c{"attention",
+           {P::fp32, P::bf16, P::autocast_bf16, P::fp64},
+           {{1, 1, 1, 1, 8, 0, 0}, {2, 3, 7, 5, 8, 1, 0}, {1, 2, 5, 9, 16, 2, 1}, {2, 1, 129, 65, 8, 0, 1},
+            {1, 1, 67, 131, 8, 1, 1}},
+           kMatrixLayouts,
+           [](Inputs& in, const Shape& s, Layout l) {
+             const auto q = in.random({s[0], s[1], s[2], s[4]}, l), k = in.random({s[0], s[1], s[3], s[4]}, l),
+                        v = in.random({s[0], s[1], s[3], s[4]}, l);
+             torch::Tensor mask;
+             if (s[5] == 1) mask = in.random({s[0], 1, s[2], s[3]}, l, false) > -1.5;
+             if (s[5] == 2) mask = in.random({s[2], s[3]}, l, false);
+             const bool causal = s[6] != 0;
+             const double scale = 1.0 / std::sqrt(static_cast<double>(s[4]));
+             const auto optional_mask = mask.defined() ? c10::make_optional(mask) : c10::nullopt;
+             return Trial{[=] { return kernels::attention(q, k, v, optional_mask, causal); },
+                          [=] { return unfused_attention(q, k, v, mask, causal, scale); }};
+           }};
+  // fp32 sums run over up to 131 keys.
+  c.tolerance = [](Precision precision) {
+    return precision == P::fp32 ? Tolerance{1e-5, 1e-5} : default_tolerance(precision);
+  };
+  return c;
+}
+
+// Under create_graph the backward runs LibTorch's unfused ops (differentiable), not the kernel's:
+// a case of its own, so that attention_case checks the kernel's own backward in every precision.
+OpCase attention_second_order_case() {
+  OpCase c = attention_case();
+  c.name = "attention, second order";
+  c.precisions = {P::fp32};
+  c.shapes = {{2, 3, 7, 5, 8, 1, 0}, {1, 1, 67, 131, 8, 1, 1}};
+  return differentiated_twice(c);
+}
+
 // fuse() on a small CNN against the model it rewrites (sharing its parameters): ReLU + MaxPool2d,
 // Conv2d + ReLU and Linear + ReLU all fuse. Shapes {N}, images 8 x 8.
 OpCase fuse_case() {
@@ -209,7 +271,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
                                            differentiated_twice(linear_relu_module_case()),
                                            differentiated_twice(conv_relu_case(), {P::fp32}), relu_max_pool_case(),
                                            relu_max_pool_module_case(), differentiated_twice(cross_entropy_case()),
-                                           differentiated_twice(low_rank_case()), fuse_case()),
+                                           differentiated_twice(low_rank_case()), fuse_case(),
+                                           attention_case(), attention_second_order_case()),
                          [](const ::testing::TestParamInfo<OpCase>& info) {
                            std::string name;
                            for (const char ch : info.param.name) name += std::isalnum(ch) ? ch : '_';

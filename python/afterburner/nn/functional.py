@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 from torch._jit_internal import BroadcastingList2
 
-__all__ = ["relu_max_pool2d", "linear_relu", "conv2d_relu", "cross_entropy", "low_rank_linear"]
+__all__ = ["relu_max_pool2d", "linear_relu", "conv2d_relu", "cross_entropy", "low_rank_linear", "attention"]
 
 
 def relu_max_pool2d(input: Tensor, kernel_size: BroadcastingList2[int], stride: Optional[BroadcastingList2[int]] = None,
@@ -41,3 +41,13 @@ def cross_entropy(input: Tensor, target: Tensor) -> Tensor:
 def low_rank_linear(input: Tensor, a: Tensor, b: Tensor, bias: Optional[Tensor] = None, scale: float = 1.0) -> Tensor:
     """scale * (input @ a) @ b + bias, never forming a @ b."""
     return torch.ops.afterburner.low_rank_linear(input, a, b, bias, scale)
+
+
+def attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False,
+              scale: Optional[float] = None) -> Tensor:
+    """softmax(query @ key^T * scale + attn_mask) @ value, as torch 2.x's scaled_dot_product_attention
+    without dropout: query [..., L, E], key [..., S, E], value [..., S, Ev] -> [..., L, Ev]; a bool
+    attn_mask is True where a query attends, a float one is added; is_causal lets query i see keys
+    0..i; scale defaults to 1/sqrt(E). Tiled with an online softmax: no [L, S] matrix is kept. A
+    row that sees no key is NaN, as softmax of all -inf is."""
+    return torch.ops.afterburner.attention(query, key, value, attn_mask, is_causal, scale)

@@ -1,0 +1,42 @@
+// Scaled-dot-product attention as one autograd node, tiled with an online softmax
+// (FlashAttention-2 on the CPU): no [Lq, Lk] matrix is ever held, only a block of it per task.
+//
+//   namespace kernels = afterburner::kernels;
+//   torch::Tensor out = kernels::attention(q, k, v);                  // q [B, H, Lq, D], k, v [B, H, Lk, D]
+//   torch::Tensor gpt = kernels::attention(q, k, v, {}, /*causal=*/true);
+//   torch::Tensor padded = kernels::attention(q, k, v, keep);         // keep: bool [B, 1, 1, Lk], true = attend
+//   out.sum().backward();                                             // dq, dk, dv
+//
+// out = softmax(q k^T * scale + mask) v, the softmax over the keys, scale = 1/sqrt(D) unless
+// given, and mask the sum of: attn_mask as given (float: added) or 0 where it is true and -inf
+// where false (bool, true = attend, as torch 2.x's scaled_dot_product_attention), and -inf where
+// the key's index exceeds the query's (causal, aligned at the top left: query i sees keys 0..i).
+// The mask is added, never substituted, exactly as LibTorch's unfused ops would add it: a row that
+// sees no key (all -inf) comes out NaN, as softmax makes it, and NaN and infinities reach the
+// output and gradients where the unfused composition puts them.
+//
+// Shapes: q [..., Lq, D], k [..., Lk, D], v [..., Lk, Dv] -> out [..., Lq, Dv]; the leading
+// dimensions of q, k, v and attn_mask's beyond its last two broadcast against each other, and
+// attn_mask [..., Lq | 1, Lk | 1] broadcasts to the scores. dtypes float, double and bfloat16
+// (q, k, v alike); under CPU autocast q, k and v run in the autocast dtype, as LibTorch's matmuls
+// would. bf16 is computed in fp32: the products accumulate in fp32, the running max, sum and
+// log-sum-exp are fp32, and only the result is rounded to bf16. A float mask is read in the
+// accumulation dtype; it gets no gradient (a mask requiring grad is refused). The backward is
+// differentiable itself (create_graph), through LibTorch's unfused ops.
+//
+// The forward keeps the output and one log-sum-exp per query row for the backward, which
+// recomputes the probabilities block by block. CPU tensors only.
+#pragma once
+
+#include <c10/util/Optional.h>
+#include <torch/types.h>
+
+namespace afterburner::kernels {
+
+// Throws UsageError naming the argument for shapes that do not fit, dtypes other than those above,
+// q, k, v of different dtypes, a mask requiring grad, or a non-CPU tensor.
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const c10::optional<torch::Tensor>& attn_mask = c10::nullopt, bool causal = false,
+                        c10::optional<double> scale = c10::nullopt);
+
+}  // namespace afterburner::kernels

@@ -1,0 +1,305 @@
+// kernels::attention against LibTorch's unfused composition softmax(q k^T * scale + mask) v,
+// computed in double from the same input values: outputs and the gradients of q, k and v, at
+// one row, odd and unequal lengths across the block edges (64 query, 128 key rows), head
+// dimensions 8, 64 and 80, without a mask, with a bool and a float mask, causal, in fp32, bf16
+// and double; finite differences in double; rows that see no key; broadcasting; bad arguments.
+// The kernel contract (inputs unchanged, fresh outputs, second calls, NaN and infinities) is in
+// invariants_test.cpp.
+#include "afterburner/kernels/attention.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "afterburner/core/error.h"
+#include "autograd_check.h"
+#include "non_finite.h"
+
+// A namespace of its own: the tests' unity build puts this file beside others with their own
+// `reference` and `draw`.
+namespace attention_test {
+namespace {
+
+using afterburner::kernels::attention;
+using afterburner::testing::AgreesWithNonFinite;
+
+enum class MaskKind { none, boolean, additive };
+
+const char* to_string(MaskKind kind) {
+  switch (kind) {
+    case MaskKind::none: return "no mask";
+    case MaskKind::boolean: return "bool mask";
+    case MaskKind::additive: return "float mask";
+  }
+  return "?";
+}
+
+// The unfused composition in double, torch 2.x's way: a bool mask becomes 0 where true and -inf
+// where false, causal the same for the upper triangle, and both are added to the scores.
+torch::Tensor reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const c10::optional<torch::Tensor>& mask, bool causal, double scale) {
+  const auto as_additive = [](const torch::Tensor& keep) {
+    return torch::zeros(keep.sizes(), torch::kDouble).masked_fill(keep.logical_not(), -INFINITY);
+  };
+  torch::Tensor scores = torch::matmul(q.to(torch::kDouble), k.to(torch::kDouble).transpose(-2, -1)) * scale;
+  if (mask) scores = scores + (mask->scalar_type() == torch::kBool ? as_additive(*mask) : mask->to(torch::kDouble));
+  if (causal) scores = scores + as_additive(torch::ones({q.size(-2), k.size(-2)}, torch::kBool).tril());
+  return torch::matmul(torch::softmax(scores, -1), v.to(torch::kDouble));
+}
+
+struct Problem {
+  int64_t batch, heads, q_len, k_len, head_dim;
+  MaskKind mask;
+  bool causal;
+};
+
+struct Drawn {
+  torch::Tensor q, k, v;
+  c10::optional<torch::Tensor> mask;
+};
+
+// q, k, v standard normal in `dtype`, requiring grad; a bool mask keeping about 85% of the keys
+// ([B, 1, Lq, Lk]: one per batch, shared by the heads), a float mask of normal values ([Lq, Lk]).
+Drawn draw(const Problem& p, torch::Dtype dtype, uint64_t seed = 3) {
+  torch::manual_seed(seed);
+  const auto options = torch::TensorOptions().dtype(dtype);
+  Drawn d{torch::randn({p.batch, p.heads, p.q_len, p.head_dim}, options).requires_grad_(),
+          torch::randn({p.batch, p.heads, p.k_len, p.head_dim}, options).requires_grad_(),
+          torch::randn({p.batch, p.heads, p.k_len, p.head_dim}, options).requires_grad_(), c10::nullopt};
+  if (p.mask == MaskKind::boolean) d.mask = torch::rand({p.batch, 1, p.q_len, p.k_len}) < 0.85;
+  if (p.mask == MaskKind::additive) d.mask = torch::randn({p.q_len, p.k_len}).to(dtype);
+  return d;
+}
+
+struct Tolerance {
+  double atol, rtol;  // atol relative to the largest expected magnitude, as in invariants.h
+};
+
+::testing::AssertionResult Close(const torch::Tensor& actual, const torch::Tensor& expected, Tolerance t) {
+  const torch::Tensor magnitudes = expected.detach().abs();
+  const torch::Tensor finite = magnitudes.masked_select(magnitudes.isfinite());
+  const double largest = finite.numel() == 0 ? 0.0 : finite.max().item<double>();
+  return AgreesWithNonFinite(actual, expected, t.atol * std::max(1.0, largest), t.rtol);
+}
+
+// Output and the three gradients for one fixed upstream gradient, ours against the reference.
+void expect_matches_reference(const Problem& p, torch::Dtype dtype, Tolerance tolerance) {
+  const Drawn d = draw(p, dtype);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  const torch::Tensor ours = attention(d.q, d.k, d.v, d.mask, p.causal);
+  const torch::Tensor expected = reference(d.q, d.k, d.v, d.mask, p.causal, scale);
+  ASSERT_EQ(ours.scalar_type(), dtype);
+  EXPECT_TRUE(Close(ours, expected, tolerance)) << "output";
+  const torch::Tensor upstream = torch::randn(expected.sizes(), torch::kDouble);
+  const auto our_grads = torch::autograd::grad({ours}, {d.q, d.k, d.v}, {upstream.to(dtype)});
+  const auto expected_grads = torch::autograd::grad({expected}, {d.q, d.k, d.v}, {upstream});
+  const char* names[] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(our_grads[i].scalar_type(), dtype) << names[i];
+    EXPECT_TRUE(Close(our_grads[i], expected_grads[i], tolerance)) << names[i];
+  }
+}
+
+// Shapes across the block edges (64 query rows, 128 key rows): one row, lengths 7, 129 and 300,
+// Lq != Lk both ways, batch 1, head dimensions 8, 64 and 80.
+const std::vector<Problem> kShapes{
+    {1, 1, 1, 1, 8, MaskKind::none, false},    {2, 3, 7, 7, 8, MaskKind::none, false},
+    {1, 2, 129, 300, 64, MaskKind::none, false}, {2, 1, 300, 129, 80, MaskKind::none, false},
+    {1, 1, 7, 1, 64, MaskKind::none, false},   {1, 2, 1, 129, 80, MaskKind::none, false},
+};
+
+std::vector<Problem> every_mask_and_causality() {
+  std::vector<Problem> problems;
+  for (const MaskKind mask : {MaskKind::none, MaskKind::boolean, MaskKind::additive}) {
+    for (const bool causal : {false, true}) {
+      for (Problem p : kShapes) {
+        p.mask = mask;
+        p.causal = causal;
+        problems.push_back(p);
+      }
+    }
+  }
+  return problems;
+}
+
+void expect_matches_reference_everywhere(torch::Dtype dtype, Tolerance tolerance) {
+  for (const Problem& p : every_mask_and_causality()) {
+    SCOPED_TRACE(::testing::Message() << "B " << p.batch << " H " << p.heads << " Lq " << p.q_len << " Lk " << p.k_len
+                                      << " D " << p.head_dim << ", " << to_string(p.mask)
+                                      << (p.causal ? ", causal" : ""));
+    expect_matches_reference(p, dtype, tolerance);
+  }
+}
+
+TEST(Attention, MatchesTheUnfusedOpsInDouble) { expect_matches_reference_everywhere(torch::kDouble, {1e-12, 1e-12}); }
+
+// fp32 against double: sums of up to 300 products, each a few ulps (2^-24) off, and the exp
+// polynomial's 1e-8 relative error: measured below 1e-6 of the largest magnitude.
+TEST(Attention, MatchesTheUnfusedOpsInFloat) { expect_matches_reference_everywhere(torch::kFloat, {1e-5, 1e-5}); }
+
+// bf16 inputs are exact in double, and the kernel computes in fp32, rounding only its results
+// to bf16 (half an ulp: 2^-9 relative): two ulps (2^-7) leaves room for fp32's own error and
+// nothing for a wrong result, which is off by far more.
+TEST(Attention, MatchesTheUnfusedOpsInBFloat16) {
+  expect_matches_reference_everywhere(torch::kBFloat16, {1.0 / 128, 1.0 / 128});
+}
+
+TEST(Attention, GradientsMatchFiniteDifferencesInDouble) {
+  for (const MaskKind mask : {MaskKind::none, MaskKind::boolean, MaskKind::additive}) {
+    for (const bool causal : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << to_string(mask) << (causal ? ", causal" : ""));
+      Drawn d = draw({2, 1, 5, 3, 4, mask, causal}, torch::kDouble);
+      if (mask == MaskKind::boolean) d.mask->select(-1, 0).fill_(true);  // every row sees a key: no NaN
+      const torch::Tensor weights = torch::randn({2, 1, 5, 4}, torch::kDouble);
+      afterburner::testing::expect_gradients_match_finite_differences(
+          [&](const std::vector<torch::Tensor>& in) {
+            return (attention(in[0], in[1], in[2], d.mask, causal, 0.7) * weights).sum();
+          },
+          {d.q, d.k, d.v});
+    }
+  }
+}
+
+TEST(Attention, ScaleDefaultsToOneOverTheSquareRootOfTheHeadDimension) {
+  const Drawn d = draw({1, 2, 5, 6, 16, MaskKind::none, false}, torch::kDouble);
+  EXPECT_TRUE(Close(attention(d.q, d.k, d.v), reference(d.q, d.k, d.v, c10::nullopt, false, 0.25), {1e-12, 1e-12}));
+  EXPECT_TRUE(Close(attention(d.q, d.k, d.v, {}, false, 2.5), reference(d.q, d.k, d.v, c10::nullopt, false, 2.5),
+                    {1e-12, 1e-12}));
+}
+
+// Rows that see no key: NaN out, as softmax over all -inf makes them, with the gradients' NaN
+// exactly where autograd of the unfused ops puts them (through the additive mask, everywhere
+// the row reaches: its dq, and every dk and dv row of its head).
+TEST(Attention, RowsThatSeeNoKeyAreNaNAsInTheUnfusedOps) {
+  for (const torch::Dtype dtype : {torch::kFloat, torch::kDouble}) {
+    for (const bool causal : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << (causal ? ", causal" : ""));
+      const Problem p{2, 2, 70, 140, 8, MaskKind::boolean, causal};
+      Drawn d = draw(p, dtype);
+      d.mask = torch::ones({2, 1, 70, 140}, torch::kBool);
+      (*d.mask)[1][0][3].fill_(false);   // batch 1: row 3 sees nothing
+      (*d.mask)[0][0][66].fill_(false);  // batch 0: row 66, in the second query block
+      const torch::Tensor ours = attention(d.q, d.k, d.v, d.mask, causal);
+      const torch::Tensor expected = reference(d.q, d.k, d.v, d.mask, causal, 1.0 / std::sqrt(8.0));
+      EXPECT_TRUE(ours[1][0][3].isnan().all().item<bool>());
+      EXPECT_TRUE(ours[1][0][4].isfinite().all().item<bool>());
+      EXPECT_TRUE(Close(ours, expected, {1e-5, 1e-5}));
+      const torch::Tensor upstream = torch::randn(expected.sizes(), torch::kDouble);
+      const auto our_grads = torch::autograd::grad({ours}, {d.q, d.k, d.v}, {upstream.to(dtype)});
+      const auto expected_grads = torch::autograd::grad({expected}, {d.q, d.k, d.v}, {upstream});
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(Close(our_grads[i], expected_grads[i], {1e-5, 1e-5})) << "gradient " << i;
+    }
+  }
+}
+
+// A float mask of -inf over a whole row is the same as a bool one.
+TEST(Attention, AnAdditiveMinusInfinityRowIsNaNToo) {
+  const Drawn d = draw({1, 1, 5, 9, 8, MaskKind::none, false}, torch::kFloat);
+  torch::Tensor mask = torch::zeros({5, 9});
+  mask[2].fill_(-INFINITY);
+  const torch::Tensor ours = attention(d.q, d.k, d.v, mask);
+  EXPECT_TRUE(ours[0][0][2].isnan().all().item<bool>());
+  EXPECT_TRUE(Close(ours, reference(d.q, d.k, d.v, mask, false, 1.0 / std::sqrt(8.0)), {1e-5, 1e-5}));
+}
+
+// The causal mask is added like any other: a NaN in a key the causal mask hides from the first
+// rows still makes every row NaN, as the unfused ops do (NaN + -inf is NaN), so the kernel
+// computes the hidden blocks it otherwise leaves out; an infinity in v likewise (0 * inf).
+TEST(Attention, CausalHiddenBlocksPropagateNonFiniteValuesAsTheUnfusedOps) {
+  for (const int which : {1, 2}) {
+    SCOPED_TRACE(which == 1 ? "NaN in k" : "inf in v");
+    const Problem p{1, 1, 200, 200, 8, MaskKind::none, true};
+    Drawn d = draw(p, torch::kFloat);
+    {
+      torch::NoGradGuard no_grad;
+      (which == 1 ? d.k : d.v)[0][0][190][1] = which == 1 ? NAN : INFINITY;
+    }
+    const torch::Tensor ours = attention(d.q, d.k, d.v, c10::nullopt, true);
+    const torch::Tensor expected = reference(d.q, d.k, d.v, c10::nullopt, true, 1.0 / std::sqrt(8.0));
+    EXPECT_TRUE(Close(ours, expected, {1e-5, 1e-5}));
+    const torch::Tensor upstream = torch::randn(expected.sizes(), torch::kDouble);
+    const auto our_grads = torch::autograd::grad({ours}, {d.q, d.k, d.v}, {upstream.to(torch::kFloat)});
+    const auto expected_grads = torch::autograd::grad({expected}, {d.q, d.k, d.v}, {upstream});
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(Close(our_grads[i], expected_grads[i], {1e-5, 1e-5})) << "gradient " << i;
+  }
+}
+
+// Leading dimensions broadcast as in torch 2.x's scaled_dot_product_attention: keys and values
+// shared by the batch, a key-padding mask [B, 1, 1, Lk], a 1-D mask over the keys, 3-D inputs
+// (MultiheadAttention's [B * H, L, D]); gradients come back in each input's own shape.
+TEST(Attention, BroadcastsLeadingDimensions) {
+  torch::manual_seed(5);
+  const auto grad = torch::requires_grad();
+  const torch::Tensor q = torch::randn({3, 2, 9, 8}, grad), k = torch::randn({2, 11, 8}, grad),
+                      v = torch::randn({1, 2, 11, 6}, grad);
+  const torch::Tensor padding = torch::rand({3, 1, 1, 11}) < 0.8;
+  const torch::Tensor key_mask = torch::randn({11});
+  for (const auto& mask : {c10::optional<torch::Tensor>(padding), c10::optional<torch::Tensor>(key_mask)}) {
+    const torch::Tensor ours = attention(q, k, v, mask);
+    ASSERT_EQ(ours.sizes(), (std::vector<int64_t>{3, 2, 9, 6}));
+    const torch::Tensor expected = reference(q, k, v, mask, false, 1.0 / std::sqrt(8.0));
+    EXPECT_TRUE(Close(ours, expected, {1e-5, 1e-5}));
+    const auto our_grads = torch::autograd::grad({ours.sum()}, {q, k, v});
+    const auto expected_grads = torch::autograd::grad({expected.sum()}, {q, k, v});
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(Close(our_grads[i], expected_grads[i], {1e-5, 1e-5})) << "gradient " << i;
+  }
+  const torch::Tensor heads_flat = torch::randn({6, 9, 8});
+  EXPECT_TRUE(Close(attention(heads_flat, heads_flat, heads_flat),
+                    reference(heads_flat, heads_flat, heads_flat, c10::nullopt, false, 1.0 / std::sqrt(8.0)),
+                    {1e-5, 1e-5}));
+}
+
+// Under CPU bf16 autocast q, k and v run in bf16, as LibTorch's matmuls would: the result is
+// the bf16 inputs' attention, and the gradients reach the fp32 inputs in fp32.
+TEST(Attention, FollowsAutocast) {
+  const Drawn d = draw({2, 2, 33, 70, 16, MaskKind::none, true}, torch::kFloat);
+  torch::Tensor ours;
+  {
+    afterburner::testing::BFloat16Autocast autocast;
+    ours = attention(d.q, d.k, d.v, c10::nullopt, true);
+  }
+  EXPECT_EQ(ours.scalar_type(), torch::kBFloat16);
+  const torch::Tensor expected = attention(d.q.to(torch::kBFloat16), d.k.to(torch::kBFloat16), d.v.to(torch::kBFloat16),
+                                           c10::nullopt, true);
+  EXPECT_TRUE(afterburner::testing::BitwiseEqual(ours, expected));
+  const auto grads = torch::autograd::grad({ours.to(torch::kFloat).sum()}, {d.q, d.k, d.v});
+  for (const auto& g : grads) EXPECT_EQ(g.scalar_type(), torch::kFloat);
+}
+
+// Empty sequences: no key gives zeros (the composition's empty sum), no query an empty result.
+TEST(Attention, EmptySequencesGiveWhatTheUnfusedOpsGive) {
+  const torch::Tensor q = torch::randn({2, 3, 4}, torch::requires_grad()), none = torch::randn({2, 0, 4});
+  const torch::Tensor out = attention(q, none, none);
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_TRUE(torch::equal(out, torch::zeros({2, 3, 4})));
+  EXPECT_EQ(attention(none, q, q).sizes(), (std::vector<int64_t>{2, 0, 4}));
+}
+
+TEST(Attention, RefusesBadArgumentsNamingThem) {
+  const torch::Tensor q = torch::randn({2, 5, 8}), k = torch::randn({2, 7, 8}), v = torch::randn({2, 7, 4});
+  const auto expect_refused = [](const std::function<void()>& call, const std::string& named) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted; expected a refusal naming " << named;
+    } catch (const afterburner::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  };
+  expect_refused([&] { attention(q, torch::randn({2, 7, 6}), v); }, "attention key");
+  expect_refused([&] { attention(q, k, torch::randn({2, 6, 4})); }, "attention value");
+  expect_refused([&] { attention(torch::randn({8}), k, v); }, "attention query");
+  expect_refused([&] { attention(q, k.to(torch::kDouble), v); }, "one dtype");
+  expect_refused([&] { attention(q.to(torch::kInt), k, v); }, "attention query");
+  expect_refused([&] { attention(q, torch::randn({3, 7, 8}), v); }, "do not broadcast");
+  expect_refused([&] { attention(q, k, v, torch::ones({5, 6}, torch::kBool)); }, "attention attn_mask");
+  expect_refused([&] { attention(q, k, v, torch::ones({5, 7}, torch::kInt)); }, "attention attn_mask");
+  expect_refused([&] { attention(q, k, v, torch::zeros({5, 7}, torch::requires_grad())); }, "attention attn_mask");
+}
+
+}  // namespace
+}  // namespace attention_test
