@@ -14,10 +14,11 @@ BINARY = os.environ.get("AFTERBURNER_BINARY", "")
 
 
 @contextlib.contextmanager
-def running_server(repo):
-    """Starts `afterburner serve --repo REPO` on a free port, yields the port, stops it (SIGTERM)."""
+def running_server(repo, stderr_file=None):
+    """Starts `afterburner serve --repo REPO` on a free port, yields the port, stops it (SIGTERM).
+    The server's stderr goes to `stderr_file` (an open file) where given, for a test to read."""
     server = subprocess.Popen([BINARY, "serve", "--repo", str(repo), "--port", "0"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=stderr_file or subprocess.PIPE, text=True)
     try:
         port = None
         for line in server.stdout:
@@ -25,7 +26,8 @@ def running_server(repo):
             if match:
                 port = int(match.group(1))
                 break
-        assert port, f"the server did not start: {server.stderr.read() if server.poll() is not None else ''}"
+        exited = server.poll() is not None and server.stderr
+        assert port, f"the server did not start: {server.stderr.read() if exited else ''}"
         yield port
     finally:
         server.terminate()
