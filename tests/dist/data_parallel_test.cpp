@@ -102,10 +102,8 @@ class TwoRanks : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
 TEST_P(TwoRanks, EndAsOneProcessOfTheirTotalBatch) {
   const auto [accumulate, flat] = GetParam();
   testing::TempDir dir;
-  const int port = free_port("127.0.0.1");
   auto results = run_ranks("DataParallelRank.Trains", [&](int rank) {
-    return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_PORT={}", port),
-                                    fmt::format("AFTERBURNER_TEST_ACCUMULATE={}", accumulate),
+    return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_ACCUMULATE={}", accumulate),
                                     fmt::format("AFTERBURNER_TEST_FLAT={}", flat ? 1 : 0),
                                     fmt::format("AFTERBURNER_TEST_OUTPUT={}", (dir / fmt::format("rank{}.pt", rank)).string())};
   });
@@ -131,9 +129,8 @@ TEST_P(TwoRanks, EndAsOneProcessOfTheirTotalBatch) {
 
 // A rank whose model has another shape stops the job at the start, saying so.
 TEST(DataParallel, RanksWithDifferentModelsFailAtTheStart) {
-  const int port = free_port("127.0.0.1");
   auto results = run_ranks("DataParallelRank.Trains", [&](int rank) {
-    return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_PORT={}", port), "AFTERBURNER_TEST_TIMEOUT=10",
+    return std::vector<std::string>{"AFTERBURNER_TEST_TIMEOUT=10",
                                     fmt::format("AFTERBURNER_TEST_CLASSES={}", rank == 0 ? 4 : 5)};
   });
   for (const auto& result : results) EXPECT_NE(result.exit_code, 0) << result.out << result.err;
@@ -143,9 +140,8 @@ TEST(DataParallel, RanksWithDifferentModelsFailAtTheStart) {
 
 // A rank killed mid-training makes the other fail in its next backward instead of waiting.
 TEST(DataParallel, ARankKilledMidTrainingMakesTheOtherFail) {
-  const int port = free_port("127.0.0.1");
   auto results = run_ranks("DataParallelRank.Trains", [&](int rank) {
-    return std::vector<std::string>{fmt::format("AFTERBURNER_TEST_PORT={}", port), "AFTERBURNER_TEST_TIMEOUT=10",
+    return std::vector<std::string>{"AFTERBURNER_TEST_TIMEOUT=10",
                                     "AFTERBURNER_TEST_STEPS=100000",
                                     fmt::format("AFTERBURNER_TEST_KILL_AT_STEP={}", rank == 1 ? 5 : -1)};
   });

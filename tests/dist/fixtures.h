@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "afterburner/dist/launch.h"
 #include "testing.h"
 
 namespace afterburner::dist {
@@ -65,21 +67,33 @@ class Listener {
 };
 
 // Runs this test binary's `rank_test` (a test that skips unless AFTERBURNER_TEST_RANK is set) as
-// ranks 0 and 1, each in its own process, with `settings(rank)` ("NAME=value") as its environment.
+// ranks 0 and 1, each in its own process, with `settings(rank)` ("NAME=value") as its environment
+// and a free port as AFTERBURNER_TEST_PORT. free_port's port is free when it looks, but another
+// process's connection can take it (outgoing connections get ports from the same range) before
+// rank 0 listens on it: then the job runs again on another port, up to three times.
 inline std::vector<testing::CommandResult> run_ranks(const std::string& rank_test,
                                                      const std::function<std::vector<std::string>(int)>& settings) {
-  std::vector<std::future<testing::CommandResult>> ranks;
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks.push_back(std::async(std::launch::async, [&, rank] {
-      std::vector<std::string> argv{"/usr/bin/env", fmt::format("AFTERBURNER_TEST_RANK={}", rank)};
-      for (const auto& setting : settings(rank)) argv.push_back(setting);
-      argv.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
-      argv.push_back("--gtest_filter=" + rank_test);
-      return testing::run(argv);
-    }));
-  }
   std::vector<testing::CommandResult> results;
-  for (auto& rank : ranks) results.push_back(rank.get());
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int64_t port = free_port("127.0.0.1");
+    std::vector<std::future<testing::CommandResult>> ranks;
+    for (int rank = 0; rank < 2; ++rank) {
+      ranks.push_back(std::async(std::launch::async, [&, rank] {
+        std::vector<std::string> argv{"/usr/bin/env", fmt::format("AFTERBURNER_TEST_RANK={}", rank),
+                                      fmt::format("AFTERBURNER_TEST_PORT={}", port)};
+        for (const auto& setting : settings(rank)) argv.push_back(setting);
+        argv.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
+        argv.push_back("--gtest_filter=" + rank_test);
+        return testing::run(argv);
+      }));
+    }
+    results.clear();
+    for (auto& rank : ranks) results.push_back(rank.get());
+    const bool port_taken = std::any_of(results.begin(), results.end(), [](const testing::CommandResult& r) {
+      return testing::Contains(r.out, "the rendezvous port is already in use");
+    });
+    if (!port_taken) break;
+  }
   return results;
 }
 
