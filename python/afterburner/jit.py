@@ -8,7 +8,12 @@
 
 fuse() inlines the submodules' forwards into the module's forward and rewrites relu then
 max_pool2d, conv2d then relu (unless that relu goes to a max_pool2d) and linear then relu onto
-afterburner's ops, wherever they sit: custom forwards, functional calls, in-place relus. The copy
+afterburner's ops, wherever they sit: custom forwards, functional calls, in-place relus. Scripted
+nn.MultiheadAttention (alone, or in nn.TransformerEncoderLayer, torchvision's ViT) runs its heads
+through afterburner's fused attention, forward and backward, in float32 and under bf16 autocast
+(where LibTorch 1.13's scripted module fails to evaluate); what the fused op does not compute as
+MHA does (dropout on the weights while training, add_zero_attn, bias_k/bias_v, unbatched inputs)
+runs MHA's own code, chosen as the forward runs. The copy
 shares every parameter and buffer with the module given, keeps its train()/eval() behaviour
 (BatchNorm, Dropout) and its state_dict keys; files it saves need afterburner's ops to load
 (`import afterburner`, or afterburner's own tools). `afterburner train --model FILE` applies the

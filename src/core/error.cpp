@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 namespace afterburner {
 
 std::string first_line(const std::exception& e) {
@@ -21,7 +23,9 @@ std::string first_line(const std::exception& e) {
       return cause.compare(0, kPythonName.size(), kPythonName) == 0 ? cause.substr(kPythonName.size()) : cause;
     }
   }
-  return text.substr(0, text.find('\n'));
+  // TorchScript's compiler opens its messages with a newline.
+  const size_t start = std::min(text.find_first_not_of('\n'), text.size());
+  return text.substr(start, text.find('\n', start) - start);
 }
 
 }  // namespace afterburner

@@ -3,6 +3,8 @@
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/subgraph_matcher.h>
 #include <torch/csrc/jit/passes/constant_propagation.h>
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
+#include <torch/csrc/jit/passes/lower_tuples.h>
 #include <torch/csrc/jit/passes/subgraph_rewrite.h>
 #include <torch/csrc/jit/runtime/graph_iterator.h>
 
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "afterburner/kernels/fuse.h"
+#include "fuse_attention.h"
 
 namespace afterburner::kernels {
 namespace {
@@ -151,14 +154,24 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
                 std::vector<std::string>& notices) {
   // Not jit::Inline: it inlines each callee's optimized_graph(), which LibTorch caches at the
   // callee's first run and leaves un-inlined when that run had the executor's optimizations off
-  // (train::Model's forward turns them off), so the patterns would not show.
-  inline_calls(*graph);
+  // (train::Model's forward turns them off), so the patterns would not show. One level at a time:
+  // attention's calls are rewritten where they show, before their body is inlined.
+  AttentionRewrite attention;
+  do {
+    attention += rewrite_attention_calls(graph->block());
+  } while (inline_calls_once(graph->block()));
   // Functional calls inline with their options' branches (F.relu's `if inplace:`, F.max_pool2d's
   // `if stride is None:`): folding those on the now constant options exposes the ops themselves.
   jit::ConstantPropagation(graph, /*ignore_custom_classes=*/true);
+  // An attention's weights that its caller drops (`out, _ = self.attention(x, x, x)`) are computed
+  // by nothing once the tuple between them is gone.
+  jit::LowerSimpleTuples(graph);
+  jit::EliminateDeadCode(graph);
   // Pooling first: a relu between a conv2d and a max_pool2d goes with the pooling, which applies
   // it to a quarter of the values.
   for (const Pattern* pattern : {&kReluMaxPool, &kConvRelu, &kTracedConvRelu, &kLinearRelu}) rewrite(graph, *pattern);
+  if (attention.fused) fused.push_back(fmt::format("{} x multi-head attention", attention.fused));
+  notices.insert(notices.end(), attention.notices.begin(), attention.notices.end());
   for (const auto& [op, what] : {std::pair<const char*, const char*>{"afterburner::relu_max_pool2d", "relu + max_pool2d"},
                                  {"afterburner::conv2d_relu", "conv2d + relu"},
                                  {"afterburner::linear_relu", "linear + relu"}}) {

@@ -108,6 +108,21 @@ class ResidualAttention(nn.Module):
         return self.head((tokens + attended).mean(1))
 
 
+class RowsTransformer(nn.Module):
+    """The image's rows as 28 tokens through nn.TransformerEncoder (post-norm layers, dropout,
+    batch_first), mean-pooled into a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(28, 32)
+        layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.head(self.encoder(self.embed(x.squeeze(1))).mean(1))
+
+
 def bn_dropout():
     return nn.Sequential(
         nn.Conv2d(1, 8, 3, stride=2), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.3), nn.Flatten(),
@@ -169,6 +184,7 @@ MODELS = {
     "rows_gelu": (Rows, "script"),
     "shared_weights": (SharedWeights, "script"),
     "residual_attention": (ResidualAttention, "script"),
+    "rows_transformer": (RowsTransformer, "script"),
     "resnet18": (resnet18, "script"),
     "mobilenet_v3_small": (mobilenet_v3_small, "script"),
     "efficientnet_b0": (efficientnet_b0, "script"),

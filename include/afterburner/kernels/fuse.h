@@ -52,7 +52,10 @@ struct ScriptFuseResult {
 
 // forward's graph with the submodules' forwards inlined and relu then max_pool2d, conv2d then
 // relu (unless that relu goes to a max_pool2d) and linear then relu rewritten onto afterburner's
-// ops. Parameters stay the module's: training through the result trains the module.
+// ops, and scripted nn.MultiheadAttention onto afterburner::attention (MHA's own code kept for
+// what the fused op does not compute as it does, chosen as the forward runs; nn.Transformer-
+// EncoderLayer's and TransformerEncoder's evaluation fast paths, which fail under CPU autocast in
+// LibTorch 1.13, off). Parameters stay the module's: training through the result trains the module.
 ScriptFuseResult fuse_forward(const torch::jit::Module& module);
 
 // relu (or an in-place relu_ of a value nothing else reads) then max_pool2d, in `graph` as it
