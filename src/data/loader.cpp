@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "afterburner/core/memory_format.h"
 #include "random.h"
 
 namespace afterburner::data {
@@ -211,7 +212,7 @@ class LoaderCore {
     Batch batch = dataset_->get_batch(plan.order.narrow(0, first, count));
     if (transform_) batch = (*transform_)(std::move(batch), derive_seed(plan.transform_seed, batch_index));
     const bool channels_last = options_.channels_last() && batch.input.dim() == 4;
-    batch.input = batch.input.contiguous(channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
+    batch.input = channels_last ? afterburner::channels_last(batch.input) : batch.input.contiguous();
     batch.target = batch.target.contiguous();
     return batch;
   }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -11,6 +12,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/core/heap.h"
+#include "afterburner/core/memory_format.h"
 #include "afterburner/core/threads.h"
 #include "afterburner/data/idx.h"
 #include "afterburner/data/loader.h"
@@ -60,10 +62,15 @@ void describe_images(const data::Dataset& dataset, TrainingData& stats) {
   }
 }
 
+bool convolves(const Model& model) {
+  const auto parameters = model.parameters();
+  return std::any_of(parameters.begin(), parameters.end(), [](const torch::Tensor& p) { return p.dim() == 4; });
+}
+
 void to_channels_last(const Model& model) {
   torch::NoGradGuard no_grad;
   for (auto& p : model.parameters()) {
-    if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
+    if (p.dim() == 4) p.set_data(afterburner::channels_last(p));
   }
 }
 
@@ -79,11 +86,8 @@ int64_t evaluation_interval(const TrainConfig& config, int64_t batches_per_epoch
 // dataset's classes stops with one line naming the file, not inside the first step.
 void check_model_fits(Model& model, const TrainingData& data, const std::string& name, bool channels_last) {
   const int64_t classes = models::ModelOptions().num_classes();
-  const torch::Tensor images = data.train->get_batch(torch::arange(2, torch::kLong))
-                                   .input.to(torch::kFloat)
-                                   .div_(255)
-                                   .contiguous(channels_last ? torch::MemoryFormat::ChannelsLast
-                                                             : torch::MemoryFormat::Contiguous);
+  torch::Tensor images = data.train->get_batch(torch::arange(2, torch::kLong)).input.to(torch::kFloat).div_(255);
+  if (channels_last) images = afterburner::channels_last(images);
   const std::string input = "a batch " + c10::str(images.sizes());
   torch::Tensor logits;
   model.train(false);
@@ -183,7 +187,7 @@ torch::jit::Module load_user_model(const TrainConfig& config, const TrainingData
                                                 "alone (SyncBatchNorm replaces only the zoo's): train it in one process");
   }
   Model plain(script);
-  check_model_fits(plain, data, config.model, config.channels_last);  // a file is never the zoo's mlp
+  check_model_fits(plain, data, config.model, config.channels_last && convolves(plain));
   script.train();
   return script;
 }
@@ -274,13 +278,13 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   auto test_chain = data::compose({data::to_float(1.0 / 255), data::normalize(data.mean, data.std)});
 
   torch::manual_seed(config.seed);
-  bool channels_last = config.channels_last && config.model != "mlp";
-  data::LoaderOptions loader_options;  // not a copy of a temporary: GCC 12 then warns of its optional shard
-  loader_options.batch_size(config.batch_size).prefetch(config.prefetch).seed(config.seed).channels_last(channels_last);
   LossFunction loss = config.fuse ? LossFunction(kernels::cross_entropy) : plain_cross_entropy();
   Model trained = is_model_file(config.model) ? p.user_model(config, data, parallel)
                                              : p.zoo_model(config, data, parallel);
+  const bool channels_last = config.channels_last && convolves(trained);
   if (channels_last) to_channels_last(trained);
+  data::LoaderOptions loader_options;  // not a copy of a temporary: GCC 12 then warns of its optional shard
+  loader_options.batch_size(config.batch_size).prefetch(config.prefetch).seed(config.seed).channels_last(channels_last);
   std::shared_ptr<Replicas> replicas = parallel.replicate ? parallel.replicate(trained) : nullptr;
   const int64_t rank = p.rank = replicas ? replicas->rank() : 0;
   data::DatasetPtr evaluation = replicas ? shard_for_rank(*replicas, config, loader_options, data.evaluation)

@@ -206,6 +206,20 @@ TEST(Loader, ChannelsLast) {
   }
 }
 
+// One channel: both layouts hold the same bytes, and only the strides tell a convolution which to
+// compute in (LibTorch's contiguous(ChannelsLast) kept NCHW strides, and Fashion-MNIST models ran
+// NCHW under --channels-last). The values stay the dataset's.
+TEST(Loader, ChannelsLastOneChannelImagesHaveItsStrides) {
+  const torch::Tensor images = torch::rand({8, 1, 4, 5});
+  auto dataset = std::make_shared<TensorDataset>(images, torch::arange(8));
+  Loader loader(dataset, LoaderOptions().batch_size(8).shuffle(false).channels_last(true));
+  for (Batch& batch : loader.epoch(0)) {
+    EXPECT_EQ(batch.input.suggest_memory_format(), at::MemoryFormat::ChannelsLast);
+    EXPECT_EQ(batch.input.strides(), (std::vector<int64_t>{20, 1, 5, 1}));
+    EXPECT_TRUE(torch::equal(batch.input, images));
+  }
+}
+
 pid_t thread_id() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 
 // Records the kernel id of every thread that builds a batch (kernel ids are not reused soon,

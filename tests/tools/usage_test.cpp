@@ -58,7 +58,7 @@ TEST(CliUsage, HelpShowsEachOptionsTypeAndDefault) {
     }
     EXPECT_EQ(option_line(result.out, "--lr").rfind("--lr FLOAT=0.1 ", 0), 0u) << result.out;
     EXPECT_EQ(option_line(result.out, "--threads").rfind("--threads INT=0 ", 0), 0u) << result.out;
-    EXPECT_EQ(option_line(result.out, "--workers").rfind("--workers INT|auto=1 ", 0), 0u) << result.out;
+    EXPECT_EQ(option_line(result.out, "--workers").rfind("--workers INT|auto=0 ", 0), 0u) << result.out;
     EXPECT_EQ(option_line(result.out, "--checkpoint-layers").rfind("--checkpoint-layers INT,... ", 0), 0u)
         << result.out;
     EXPECT_EQ(option_line(result.out, "--data").rfind("--data PATH=/usr/share/datasets/fashion-mnist", 0), 0u);

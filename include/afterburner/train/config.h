@@ -30,14 +30,23 @@ struct TrainConfig {
   std::string schedule = "cosine";
   int64_t warmup_steps = 100;
   std::string precision = "auto";  // auto = bf16 where the CPU computes it natively, else fp32
-  int64_t workers = 1;             // -1 = auto (measure and pick)
+  // -1 = auto (measure and pick). 0: batches prepared between steps. A worker thread prepares them
+  // during the step instead, but on a machine whose cores the intra-op threads all take it
+  // preempts one of them at every parallel region: the zoo cnn trained 24-37% slower with one
+  // worker on 2 cores, augmentation included, torchvision's models 15-40% (BENCHMARKS.md).
+  int64_t workers = 0;
   int64_t prefetch = 4;
   int64_t accumulate = 1;
   double clip_grad_norm = 0;       // 0 = off
   double clip_grad_value = 0;      // 0 = off
   bool augment = false;            // random crop with 2 pixels of padding: slower to 91% in 3 epochs
   bool fuse = true;                // afterburner's fused ops, loss and optimizer step
-  bool channels_last = false;     // measured slower end to end for cnn here (BENCHMARKS.md)
+  // For models that convolve (a 4-D parameter): oneDNN's NHWC kernels, where NCHW tensors are
+  // reordered to blocked layouts at every convolution (bf16 MobileNetV3-Small trained 2.5x faster,
+  // the zoo cnn 1.1-1.35x). Not yet the default: weights trained channels_last round differently,
+  // and tests/python/test_user_path.py's bf16 verification of EfficientNet-B0 after 8 steps (logits
+  // of scale 1e3-1e4, where Python's own bf16 autocast moves them 5-33%) fails on them.
+  bool channels_last = false;
   bool keep_freed_memory = true;   // core/heap.h
   bool sketch = false;             // replace Linear/Conv2d layers by sketched ones (sketch/sequential.h)
   int64_t sketch_terms = 1;        // L

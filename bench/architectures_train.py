@@ -1,0 +1,333 @@
+#!/usr/bin/python3
+"""Training samples/s of real architectures (tests/python/image_models.py: torchvision's with a
+one-channel stem, transformers, the model of issue 25), `afterburner train` on the scripted
+model file against Python PyTorch's best practice on the same model, alternating in one run;
+per model the medians, spread and the ratio pair by pair, then a table and the geometric mean.
+
+    /usr/bin/python3 bench/architectures_train.py [--build build] [--reps 3] [--steps 200]
+        [--precision bf16] [--batch-size 128] [--python-channels-last auto] [--afterburner-flags "..."]
+        [--models resnet18,mobilenet_v3_small,efficientnet_b0,convnext,vision_transformer,residual_attention,rows_transformer]
+
+Each model is built with torch.manual_seed(0), compiled as its user would save it
+(image_models.compiled) and written to a temporary file; both sides start from its weights.
+
+  afterburner  `afterburner train --model FILE` with its defaults (SGD lr 0.1 momentum 0.9
+               Nesterov, weight decay 5e-4, cosine schedule with warm-up, no augmentation, its
+               loader and fused ops), 2 threads, --max-steps (5 + --steps), one epoch.
+  python       the eager model (the builder's, with the file's weights loaded): what a Python user
+               trains. torch.set_num_threads(2); the training images normalised once (mean 0.2860,
+               std 0.3530) into one float tensor in memory and batched by indexing a shuffled
+               permutation, no DataLoader workers (measured best here); SGD as afterburner's with
+               the same schedule (pytorch_train.schedule_factor); cross-entropy;
+               torch.autocast("cpu", bfloat16) around forward + loss for bf16 (LayerNorm inputs
+               cast to float32 where autocast fails on them, as in torch 1.13); channels_last per
+               --python-channels-last (auto: both tried once for 20 steps on models with a
+               convolution, the faster kept).
+
+Both sides are separate processes (the Python one is this script with --python-worker) and both
+figures are (--steps * batch) / seconds of the --steps steps after the first 5, which are warm-up
+(TorchScript's profiling runs, allocator growth); afterburner's come from its --log-jsonl step
+times, the figure over all its steps from its report is printed alongside. Evaluation on the test
+set (batch 128, untimed; float32 on the Python side) follows on both sides, as a check that both
+trained.
+
+Run it on a quiet machine: under other load, eager PyTorch's OpenMP threads spin-wait for each
+other at every small op (seen 150 against 3,700 samples/s with OMP_WAIT_POLICY=passive, at load 5
+on 2 cores) while afterburner's barely slow down. The load average is printed at start and end;
+environment variables such as OMP_WAIT_POLICY reach both sides.
+"""
+
+import argparse
+import json
+import math
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pytorch_train import DEFAULT_DATA_DIR, EVAL_BATCH_SIZE, MEAN, STD, load_split, schedule_factor
+from train_vs_pytorch import HERE, compare_alternating, run_json
+
+sys.path.insert(0, str(HERE.parent / "tests" / "python"))
+import image_models  # noqa: E402  (found through the path above)
+
+DEFAULT_MODELS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "convnext", "vision_transformer",
+                  "residual_attention", "rows_transformer")
+WARMUP_STEPS = 5
+PROBE_STEPS = 20  # per layout, for --python-channels-last auto
+THREADS = 2
+AFTERBURNER_WARMUP_STEPS = 100  # its --warmup-steps default, so the Python schedule matches it
+
+
+# ---- the Python side (runs in its own process: this script with --python-worker) ----
+
+def eager_model(name, model_file):
+    """The builder's eager model holding the file's weights, so both sides start equal."""
+    torch.manual_seed(0)
+    model = image_models.MODELS[name][0]()
+    model.load_state_dict(torch.jit.load(model_file).state_dict())
+    # A trace keeps the evaluation mode it was traced in, and afterburner trains it so.
+    return model.train(image_models.MODELS[name][1] == "script")
+
+
+def autocast_lacks_bf16_layer_norm():
+    """True where CPU autocast runs layer_norm on a bfloat16 input with its float32 weight and
+    fails (torch 1.13: "expected scalar type BFloat16 but found Float"); later releases cast it."""
+    norm = nn.LayerNorm(4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        try:
+            norm(torch.zeros(1, 4, dtype=torch.bfloat16))
+        except RuntimeError:
+            return True
+    return False
+
+
+def layer_norms_in_fp32(model):
+    """Feeds every LayerNorm (also torchvision's LayerNorm2d, a subclass) float32 inputs: the usual
+    workaround where autocast lacks it, and what newer autocast does by itself."""
+    for module in model.modules():
+        if isinstance(module, nn.LayerNorm):
+            module.register_forward_pre_hook(lambda _, inputs: tuple(x.float() for x in inputs))
+
+
+def normalised_images(split):
+    images, labels = load_split(DEFAULT_DATA_DIR, split)
+    return images.unsqueeze(1).float().div_(255).sub_(MEAN).div_(STD), labels
+
+
+def shuffled_batches(count, batch_size):
+    """Index tensors of full batches over reshuffled epochs, as afterburner's loader (drop_last)."""
+    while True:
+        order = torch.randperm(count)
+        for start in range(0, count - batch_size + 1, batch_size):
+            yield order[start:start + batch_size]
+
+
+def train_python(model, images, labels, args):
+    """Trains WARMUP_STEPS + args.steps steps; returns the seconds of the last args.steps."""
+    memory_format = torch.channels_last if args.channels_last == "on" else torch.contiguous_format
+    model.to(memory_format=memory_format)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    total_steps = WARMUP_STEPS + args.steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: schedule_factor("cosine", step, total_steps, AFTERBURNER_WARMUP_STEPS))
+    batches = shuffled_batches(len(labels), args.batch_size)
+    start = None
+    for step in range(total_steps):
+        if step == WARMUP_STEPS:
+            start = time.perf_counter()
+        index = next(batches)
+        batch = images[index].contiguous(memory_format=memory_format)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = F.cross_entropy(model(batch), labels[index])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+    return time.perf_counter() - start
+
+
+def test_accuracy(model, args):
+    """In float32 whatever the precision: it only checks that training worked, and torch 1.13's
+    fast attention path (taken in evaluation) fails under bf16 autocast."""
+    images, labels = normalised_images("t10k")
+    memory_format = torch.channels_last if args.channels_last == "on" else torch.contiguous_format
+    model.eval()
+    correct = 0
+    with torch.inference_mode():
+        for start in range(0, len(labels), EVAL_BATCH_SIZE):
+            batch = images[start:start + EVAL_BATCH_SIZE].contiguous(memory_format=memory_format)
+            correct += (model(batch).argmax(1) == labels[start:start + EVAL_BATCH_SIZE]).sum().item()
+    return correct / len(labels)
+
+
+def python_worker(argv):
+    parser = argparse.ArgumentParser(prog="architectures_train.py --python-worker")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--model-file", required=True)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--channels-last", choices=("on", "off"), required=True)
+    parser.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--report", required=True)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(THREADS)
+    model = eager_model(args.model, args.model_file)
+    if args.precision == "bf16" and autocast_lacks_bf16_layer_norm():
+        layer_norms_in_fp32(model)
+    images, labels = normalised_images("train")
+    seconds = train_python(model, images, labels, args)
+    report = {"train_samples_per_sec": args.steps * args.batch_size / seconds,
+              "test_accuracy": test_accuracy(model, args) if args.evaluate else None,
+              "channels_last": args.channels_last, "torch_version": torch.__version__}
+    Path(args.report).write_text(json.dumps(report) + "\n")  # run_json reads it from there
+    print(json.dumps(report))
+
+
+# ---- the driver ----
+
+def python_run(args, name, model_file, channels_last, report, steps=None, evaluate=True):
+    command = ["/usr/bin/python3", str(Path(__file__).resolve()), "--python-worker", "--model", name,
+               "--model-file", model_file, "--precision", args.precision, "--steps", str(steps or args.steps),
+               "--batch-size", str(args.batch_size), "--channels-last", channels_last, "--report", report,
+               "--evaluate" if evaluate else "--no-evaluate"]
+    return run_json(command, report)
+
+
+def afterburner_run(args, model_file, report, steps_log):
+    command = [str(Path(args.build) / "afterburner"), "train", "--model", model_file,
+               "--precision", args.precision, "--max-steps", str(WARMUP_STEPS + args.steps), "--epochs", "1",
+               "--batch-size", str(args.batch_size), "--threads", str(THREADS), "--progress", "none",
+               "--report", report, "--log-jsonl", steps_log, "--optimizer", "sgd", *shlex.split(args.afterburner_flags)]
+    result = run_json(command, report)
+    return {"train_samples_per_sec": steady_samples_per_sec(steps_log),
+            "all_steps_samples_per_sec": result["train_samples_per_sec"],
+            "test_accuracy": result["test_accuracy"]}
+
+
+def steady_samples_per_sec(steps_log):
+    """Samples/s of the steps after the warm-up, from afterburner's per-step log, so that its
+    first steps (TorchScript's profiling runs) count as little as in the Python figure."""
+    events = [json.loads(line) for line in Path(steps_log).read_text().splitlines() if line.strip()]
+    steps = [e for e in events if e["event"] == "step" and e["step"] > WARMUP_STEPS]
+    return sum(e["samples"] for e in steps) / sum(e["step_seconds"] for e in steps)
+
+
+def has_convolution(model):
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+def python_channels_last(args, name, model_file, report):
+    """on or off: --python-channels-last, or for auto the faster of both over PROBE_STEPS steps
+    (off without a convolution: the layout only changes how convolutions run)."""
+    if args.python_channels_last != "auto":
+        return args.python_channels_last
+    if not has_convolution(image_models.MODELS[name][0]()):
+        print("  python channels_last: off (no convolution)")
+        return "off"
+    speeds = {layout: python_run(args, name, model_file, layout, report, PROBE_STEPS, evaluate=False)
+              ["train_samples_per_sec"] for layout in ("off", "on")}
+    choice = max(speeds, key=speeds.get)
+    print(f"  python channels_last: {choice} (on {speeds['on']:.0f}, off {speeds['off']:.0f} samples/s"
+          f" over {PROBE_STEPS} steps)")
+    return choice
+
+
+def save_model(name, path):
+    torch.manual_seed(0)
+    image_models.compiled(name, image_models.MODELS[name][0]()).save(path)
+
+
+def compare_model(args, name, tmp):
+    """Alternates Python and afterburner on one model; returns their (python, afterburner) reports
+    pair by pair. Python runs first in each pair so that compare_alternating's ratio (second over
+    first) is afterburner's over Python's, as in the table."""
+    model_file, report, steps_log = (str(Path(tmp) / f) for f in (f"{name}.pt", "report.json", "steps.jsonl"))
+    save_model(name, model_file)
+    print(f"{name}:")
+    channels_last = python_channels_last(args, name, model_file, report)
+    pairs = []
+
+    def python():
+        pairs.append([python_run(args, name, model_file, channels_last, report)])
+        return pairs[-1][0]
+
+    def afterburner():
+        ours = afterburner_run(args, model_file, report, steps_log)
+        pairs[-1].append(ours)
+        theirs = pairs[-1][0]
+        print(f"  pair {len(pairs)}: afterburner {ours['train_samples_per_sec']:7.0f} samples/s"
+              f" (all steps {ours['all_steps_samples_per_sec']:.0f}), python {theirs['train_samples_per_sec']:7.0f}"
+              f" samples/s, ratio {ours['train_samples_per_sec'] / theirs['train_samples_per_sec']:.2f}x")
+        sys.stdout.flush()
+        return ours
+
+    compare_alternating(f"{name} {args.precision}", args.reps, ("python", python), ("afterburner", afterburner))
+    return pairs
+
+
+def summary_row(name, pairs):
+    python = statistics.median(p["train_samples_per_sec"] for p, _ in pairs)
+    ours = statistics.median(a["train_samples_per_sec"] for _, a in pairs)
+    ratio = statistics.median(a["train_samples_per_sec"] / p["train_samples_per_sec"] for p, a in pairs)
+    return name, ours, python, ratio
+
+
+def print_table(args, rows, failures):
+    print(f"\n{args.precision}, batch {args.batch_size}, {args.steps} timed steps, medians of {args.reps} pairs")
+    print(f"{'model':22s} | {'afterburner samples/s':>21s} | {'Python samples/s':>16s} | {'ratio':>6s}")
+    for name, ours, python, ratio in rows:
+        print(f"{name:22s} | {ours:21.0f} | {python:16.0f} | {ratio:5.2f}x")
+    for name, error in failures.items():
+        print(f"{name:22s} | failed: {error}")
+    if rows:
+        geometric_mean = math.exp(statistics.mean(math.log(ratio) for *_, ratio in rows))
+        print(f"geometric mean of the ratios: {geometric_mean:.2f}x over {len(rows)} models")
+
+
+def cpu_description():
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    name = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+                "unknown")
+    return f"CPU: {name}, avx512_bf16 {'yes' if 'avx512_bf16' in cpuinfo.split() else 'no'}"
+
+
+def load_description():
+    """The 1-minute load average against the cores: other work on them slows eager PyTorch's
+    OpenMP threads far more than afterburner's (seen 20x at load 5 on 2 cores), so a loaded
+    machine skews the ratio."""
+    load, cores = os.getloadavg()[0], os.cpu_count()
+    warning = ": other work is running, the figures are skewed" if load > cores - 0.5 else ""
+    return f"load average {load:.1f} on {cores} cores{warning}"
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="names from image_models.MODELS")
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument("--steps", type=int, default=200, help="timed training steps, after 5 warm-up steps")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--python-channels-last", choices=("auto", "on", "off"), default="auto")
+    parser.add_argument("--afterburner-flags", default="", help='extra flags for afterburner train, e.g. "--channels-last"')
+    args = parser.parse_args()
+    args.models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in args.models if m not in image_models.MODELS]
+    if unknown:
+        parser.error(f"unknown models {unknown} (known: {', '.join(image_models.MODELS)})")
+    if args.steps <= 0 or args.reps <= 0:
+        parser.error("--steps and --reps must be positive")
+    return args
+
+
+def main():
+    args = parse_args()
+    print(f"{cpu_description()}; torch {torch.__version__}, {THREADS} threads; {load_description()}")
+    rows, failures = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            try:
+                rows.append(summary_row(name, compare_model(args, name, tmp)))
+            except SystemExit as failure:  # run_json exits on a failed run; the other models still count
+                lines = [line for line in str(failure.code).splitlines() if line.strip()]
+                error = lines[-1] if lines else str(failure.code)  # the error, after the command line
+                print(f"  {name} failed:\n{failure.code}")
+                failures[name] = error
+    print_table(args, rows, failures)
+    print(f"at the end: {load_description()}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--python-worker"]:
+        python_worker(sys.argv[2:])
+    else:
+        main()
