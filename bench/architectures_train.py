@@ -5,7 +5,7 @@ model file against Python PyTorch's best practice on the same model, alternating
 per model the medians, spread and the ratio pair by pair, then a table and the geometric mean.
 
     /usr/bin/python3 bench/architectures_train.py [--build build] [--reps 3] [--steps 200]
-        [--precision bf16] [--batch-size 128] [--python-channels-last auto] [--afterburner-flags "..."]
+        [--precision bf16] [--batch-size 128] [--python-channels-last auto] [--afterburner-flags="--channels-last"]
         [--models resnet18,mobilenet_v3_small,efficientnet_b0,convnext,vision_transformer,residual_attention,rows_transformer]
 
 Each model is built with torch.manual_seed(0), compiled as its user would save it

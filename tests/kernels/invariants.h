@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "afterburner/core/memory_format.h"
 #include "autograd_check.h"
 #include "non_finite.h"
 
@@ -154,7 +155,7 @@ class Inputs {
       drawn[expanded_dim] = 1;
     }
     torch::Tensor leaf = torch::randn(drawn, generator_, torch::kFloat).to(dtype_);
-    if (layout == Layout::channels_last) leaf = leaf.contiguous(at::MemoryFormat::ChannelsLast);
+    if (layout == Layout::channels_last) leaf = afterburner::channels_last(leaf);  // one channel included
     if (values_ == Values::non_finite) with_non_finite(laid_out(leaf, layout, sizes), generator_);
     leaf.requires_grad_(requires_grad);
     watch(leaf);

@@ -13,7 +13,11 @@ of Python's outputs (their largest magnitude: a few-step EfficientNet-B0's logit
 thousands): fp32 stages within 1e-4 + 1e-4 of it (the same float math reassociated: oneDNN's
 convolutions and GEMMs, BatchNorm folded into convolutions; observed up to 1e-5 of it); bf16
 rounds every layer's inputs and weights to 8 significant bits, so within 0.05 + 5% of it
-(observed up to 3.2%, where Python's own bf16 autocast moves 4.9%).
+(observed up to 3.2%, where Python's own bf16 autocast moves 4.9%), or within twice what
+Python's own bf16 autocast moves the same model's outputs on the test inputs where that is more:
+a few-step model whose BatchNorm statistics have not settled can be chaotic in bf16 (an
+EfficientNet-B0 trained channels_last moved 5% under Python's autocast, NCHW 33%), and no bf16
+can be held closer to fp32 than Python's own.
 """
 import signal
 import subprocess
@@ -99,15 +103,18 @@ class Workspace:
         reference.eval()
         examples = out / "examples.pt"
         torch.save((self.inputs(64),), str(examples))
+        bf16_moves, bf16_agreement = python_bf16(reference, self.inputs(64))
         optimized = {}
         for precision in PRECISIONS:
             optimized[precision] = out / f"optimized-{precision}.pt"
-            # Its own verification at its defaults, but for bf16's top-1 agreement: models trained a
-            # few steps have near ties that bf16 may flip (judged here against Python instead).
-            agreement = ["--min-agreement", 0.9] if precision == "bf16" else []
+            # Its own verification at its defaults, but for bf16: models trained a few steps have
+            # near ties that bf16 may flip (judged here against Python instead), and may be chaotic.
+            bf16 = ["--min-agreement", min(0.9, bf16_agreement - 0.05), "--tolerance", 0.5 + 2 * bf16_moves,
+                    "--relative-tolerance", 0.05] if precision == "bf16" else []
             run("optimize", exported, "-o", optimized[precision], "--precision", precision, "--example-inputs", examples,
-                "--measure-seconds", 0, *agreement)
-        return {"dir": out, "source": source, "exported": exported, "reference": reference, "optimized": optimized}
+                "--measure-seconds", 0, *bf16)
+        return {"dir": out, "source": source, "exported": exported, "reference": reference, "optimized": optimized,
+                "bf16_moves": bf16_moves}
 
 
 @pytest.fixture(scope="module")
@@ -118,18 +125,36 @@ def workspace(tmp_path_factory):
 BOUNDS = {"fp32": (1e-4, 1e-4), "bf16": (0.05, 0.05)}  # (absolute, fraction of the outputs' scale)
 
 
-def expect_python(answer, expected, precision):
+def python_bf16(model, inputs):
+    """(the largest difference Python's own bf16 autocast makes to `model`'s outputs on `inputs`,
+    the fraction of their top-1 it keeps); (0, 1) where 1.13's autocast cannot run the model (its
+    attention's evaluation fast path fails)."""
+    with torch.no_grad():
+        exact = model(inputs)
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                rounded = model(inputs).float()
+        except RuntimeError:
+            return 0.0, 1.0
+    return (rounded - exact).abs().max().item(), (rounded.argmax(1) == exact.argmax(1)).float().mean().item()
+
+
+def expect_python(answer, expected, precision, bf16_moves=0.0):
     assert answer.shape == expected.shape
     absolute, relative = BOUNDS[precision]
     scale = expected.abs().max().item()
     difference = (answer - expected).abs().max().item()
-    assert difference <= absolute + relative * scale, (
-        f"{precision} differs from Python by {difference:.4g} (outputs' scale {scale:.4g})")
+    bound = absolute + relative * scale
+    if precision == "bf16":
+        bound = max(bound, 2 * bf16_moves)
+    assert difference <= bound, (
+        f"{precision} differs from Python by {difference:.4g} (outputs' scale {scale:.4g}, Python's own bf16 moves "
+        f"them {bf16_moves:.4g})")
 
 
-def check_twice(call, expected, precision):
+def check_twice(call, expected, precision, bf16_moves=0.0):
     first = call()
-    expect_python(first, expected, precision)
+    expect_python(first, expected, precision, bf16_moves)
     assert torch.equal(call(), first), "a second call answered otherwise"
 
 
@@ -178,7 +203,7 @@ def test_the_optimized_file_answers_as_python(workspace, name, precision):
     with torch.no_grad():
         for batch in BATCH_SIZES:
             x = workspace.inputs(batch)
-            check_twice(lambda: optimized(x), stage["reference"](x), precision)
+            check_twice(lambda: optimized(x), stage["reference"](x), precision, stage["bf16_moves"])
 
 
 @pytest.fixture(scope="module")
@@ -202,8 +227,9 @@ def server(workspace):
 @pytest.mark.parametrize("name", NAMES)
 def test_the_server_answers_as_python(workspace, server, name, precision, encoding):
     infer = infer_json if encoding == "json" else infer_binary
-    reference = workspace.stage(name)["reference"]
+    stage = workspace.stage(name)
     with torch.no_grad():
         for batch in BATCH_SIZES:
             x = workspace.inputs(batch)
-            check_twice(lambda: infer(server, f"{name}-{precision}", x), reference(x), precision)
+            check_twice(lambda: infer(server, f"{name}-{precision}", x), stage["reference"](x), precision,
+                        stage["bf16_moves"])

