@@ -4,6 +4,7 @@
 // server does around it: limits, 100-continue, routing, methods, Inference-Header-Content-Length,
 // keep-alive and pipelining, error answers. A connection the server does not close is a finding.
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -72,6 +73,16 @@ int server_port() {
   std::abort();
 }
 
+bool connected_after_interrupt(int fd) {
+  pollfd ready{fd, POLLOUT, 0};
+  int polled;
+  while ((polled = poll(&ready, 1, 5000)) < 0 && errno == EINTR) {
+  }
+  int error = 0;
+  socklen_t length = sizeof error;
+  return polled == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0;
+}
+
 // From a new loopback source address each time (127.1.0.0/16, in turn): the client closes first,
 // so each connection's port stays in TIME_WAIT for a minute, and at hundreds of inputs a second
 // one source address would run out of ports.
@@ -89,7 +100,10 @@ int connect_to(int port) {
   address.sin_family = AF_INET;
   address.sin_port = htons(static_cast<uint16_t>(port));
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) fail("connect");
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    // EINTR (libFuzzer's timer): connect cannot be restarted, the connection goes on being made.
+    if (errno != EINTR || !connected_after_interrupt(fd)) fail("connect");
+  }
   return fd;
 }
 
