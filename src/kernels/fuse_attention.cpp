@@ -30,8 +30,8 @@ const std::vector<std::string> kForwardArguments{"self",        "query",     "ke
 // [L, S] or [N * heads, L, S].
 const char* const kSource = R"(
 def unfusable(training: bool, dropout: float, add_zero_attn: bool, bias_k: Optional[Tensor], bias_v: Optional[Tensor],
-              embed_dim: int, num_heads: int, batch_first: bool, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor],
-              attn_mask: Optional[Tensor]) -> bool:
+              embed_dim: int, num_heads: int, batch_first: bool, query: Tensor, key: Tensor, value: Tensor,
+              key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> bool:
     # What MHA computes otherwise (dropout on the weights, extra keys) or refuses (its own errors).
     if (training and dropout > 0.0) or add_zero_attn or bias_k is not None or bias_v is not None:
         return True
