@@ -32,8 +32,8 @@ struct TrainConfig {
   std::string precision = "auto";  // auto = bf16 where the CPU computes it natively, else fp32
   // -1 = auto (measure and pick). 0: batches prepared between steps. A worker thread prepares them
   // during the step instead, but on a machine whose cores the intra-op threads all take it
-  // preempts one of them at every parallel region: the zoo cnn trained 24-37% slower with one
-  // worker on 2 cores, augmentation included, torchvision's models 15-40% (BENCHMARKS.md).
+  // preempts one of them at every parallel region: on 2 cores one worker made the zoo cnn 0.88x
+  // in bf16 (0.97x fp32, within noise) and torchvision's models 0.6-0.85x (BENCHMARKS.md, Ablation).
   int64_t workers = 0;
   int64_t prefetch = 4;
   int64_t accumulate = 1;
@@ -43,7 +43,7 @@ struct TrainConfig {
   bool fuse = true;                // afterburner's fused ops, loss and optimizer step
   // For models that convolve (a 4-D parameter): oneDNN's NHWC kernels, where NCHW tensors are
   // reordered to blocked layouts at every convolution (bf16 MobileNetV3-Small trained 2.5x faster,
-  // the zoo cnn 1.1-1.35x).
+  // the zoo cnn 1.11x in bf16, within noise in fp32).
   bool channels_last = true;
   bool keep_freed_memory = true;   // core/heap.h
   bool sketch = false;             // replace Linear/Conv2d layers by sketched ones (sketch/sequential.h)
