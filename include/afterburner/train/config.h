@@ -33,7 +33,7 @@ struct TrainConfig {
   // -1 = auto (measure and pick). 0: batches prepared between steps. A worker thread prepares them
   // during the step instead, but on a machine whose cores the intra-op threads all take it
   // preempts one of them at every parallel region: on 2 cores one worker made the zoo cnn 0.88x
-  // in bf16 (0.97x fp32, within noise) and torchvision's models 0.6-0.85x (BENCHMARKS.md, Ablation).
+  // in bf16 (0.97x fp32, within noise; BENCHMARKS.md, Ablation).
   int64_t workers = 0;
   int64_t prefetch = 4;
   int64_t accumulate = 1;
@@ -42,8 +42,9 @@ struct TrainConfig {
   bool augment = false;            // random crop with 2 pixels of padding: slower to 91% in 3 epochs
   bool fuse = true;                // afterburner's fused ops, loss and optimizer step
   // For models that convolve (a 4-D parameter): oneDNN's NHWC kernels, where NCHW tensors are
-  // reordered to blocked layouts at every convolution (bf16 MobileNetV3-Small trained 2.5x faster,
-  // the zoo cnn 1.11x in bf16, within noise in fp32).
+  // reordered to blocked layouts at every convolution (the zoo cnn 1.11x in bf16, within noise in
+  // fp32; with no loader worker, torchvision's MobileNetV3-Small went from 0.30x to 1.26x of
+  // Python's best practice: BENCHMARKS.md).
   bool channels_last = true;
   bool keep_freed_memory = true;   // core/heap.h
   bool sketch = false;             // replace Linear/Conv2d layers by sketched ones (sketch/sequential.h)
