@@ -6,6 +6,7 @@ per model the medians, spread and the ratio pair by pair, then a table and the g
 
     /usr/bin/python3 bench/architectures_train.py [--build build] [--reps 3] [--steps 200]
         [--precision bf16] [--batch-size 128] [--python-channels-last auto] [--afterburner-flags="--channels-last"]
+        [--afterburner-side cli|python]
         [--models resnet18,mobilenet_v3_small,efficientnet_b0,convnext,vision_transformer,residual_attention,rows_transformer]
 
 Each model is built with torch.manual_seed(0), compiled as its user would save it
@@ -14,6 +15,10 @@ Each model is built with torch.manual_seed(0), compiled as its user would save i
   afterburner  `afterburner train --model FILE` with its defaults (SGD lr 0.1 momentum 0.9
                Nesterov, weight decay 5e-4, cosine schedule with warm-up, no augmentation, its
                loader and fused ops), 2 threads, --max-steps (5 + --steps), one epoch.
+  afterburner  with --afterburner-side python: the Python loop below, its model and optimizer
+  (python)     passed through `afterburner.optimize(model, optimizer, dtype=...)` (the fused
+               TorchScript forward, FlatSGD, channels_last where the model convolves), what a
+               Python user of the package writes; the autocast context stays, as with ipex.
   python       the eager model (the builder's, with the file's weights loaded): what a Python user
                trains. torch.set_num_threads(2); the training images normalised once (mean 0.2860,
                std 0.3530) into one float tensor in memory and batched by indexing a shuffled
@@ -52,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from machine import cpu_description, load_description
 from pytorch_train import DEFAULT_DATA_DIR, EVAL_BATCH_SIZE, MEAN, STD, load_split, schedule_factor
 from train_vs_pytorch import HERE, compare_alternating, run_json
 
@@ -111,10 +117,15 @@ def shuffled_batches(count, batch_size):
 
 
 def train_python(model, images, labels, args):
-    """Trains WARMUP_STEPS + args.steps steps; returns the seconds of the last args.steps."""
+    """Trains WARMUP_STEPS + args.steps steps; returns the seconds of the last args.steps and the
+    model trained."""
     memory_format = torch.channels_last if args.channels_last == "on" else torch.contiguous_format
     model.to(memory_format=memory_format)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    if args.afterburner_optimize:
+        import afterburner  # the package under test, from PYTHONPATH
+        dtype = torch.bfloat16 if args.precision == "bf16" else None
+        model, optimizer = afterburner.optimize(model, optimizer, dtype=dtype)
     total_steps = WARMUP_STEPS + args.steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: schedule_factor("cosine", step, total_steps, AFTERBURNER_WARMUP_STEPS))
@@ -131,7 +142,7 @@ def train_python(model, images, labels, args):
         loss.backward()
         optimizer.step()
         scheduler.step()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, model
 
 
 def test_accuracy(model, args):
@@ -157,14 +168,15 @@ def python_worker(argv):
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--channels-last", choices=("on", "off"), required=True)
     parser.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--afterburner-optimize", action="store_true")
     parser.add_argument("--report", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(THREADS)
     model = eager_model(args.model, args.model_file)
-    if args.precision == "bf16" and autocast_lacks_bf16_layer_norm():
-        layer_norms_in_fp32(model)
+    if args.precision == "bf16" and autocast_lacks_bf16_layer_norm() and not args.afterburner_optimize:
+        layer_norms_in_fp32(model)  # afterburner's forward is TorchScript's, which runs no Python hooks
     images, labels = normalised_images("train")
-    seconds = train_python(model, images, labels, args)
+    seconds, model = train_python(model, images, labels, args)
     report = {"train_samples_per_sec": args.steps * args.batch_size / seconds,
               "test_accuracy": test_accuracy(model, args) if args.evaluate else None,
               "channels_last": args.channels_last, "torch_version": torch.__version__}
@@ -174,12 +186,19 @@ def python_worker(argv):
 
 # ---- the driver ----
 
-def python_run(args, name, model_file, channels_last, report, steps=None, evaluate=True):
+def python_run(args, name, model_file, channels_last, report, steps=None, evaluate=True, optimize=False):
     command = ["/usr/bin/python3", str(Path(__file__).resolve()), "--python-worker", "--model", name,
                "--model-file", model_file, "--precision", args.precision, "--steps", str(steps or args.steps),
                "--batch-size", str(args.batch_size), "--channels-last", channels_last, "--report", report,
-               "--evaluate" if evaluate else "--no-evaluate"]
-    return run_json(command, report)
+               "--evaluate" if evaluate else "--no-evaluate"] + (["--afterburner-optimize"] if optimize else [])
+    package = str((Path(args.build) / "python").resolve())  # the afterburner package built there
+    return run_json(command, report, {**os.environ, "PYTHONPATH": package} if optimize else None)
+
+
+def afterburner_python_run(args, name, model_file, report):
+    """The Python loop with afterburner.optimize; its figure over all steps is the timed one."""
+    result = python_run(args, name, model_file, "off", report, optimize=True)  # optimize picks the layout
+    return {**result, "all_steps_samples_per_sec": result["train_samples_per_sec"]}
 
 
 def afterburner_run(args, model_file, report, steps_log):
@@ -241,7 +260,8 @@ def compare_model(args, name, tmp):
         return pairs[-1][0]
 
     def afterburner():
-        ours = afterburner_run(args, model_file, report, steps_log)
+        ours = (afterburner_python_run(args, name, model_file, report) if args.afterburner_side == "python"
+                else afterburner_run(args, model_file, report, steps_log))
         pairs[-1].append(ours)
         theirs = pairs[-1][0]
         print(f"  pair {len(pairs)}: afterburner {ours['train_samples_per_sec']:7.0f} samples/s"
@@ -262,7 +282,9 @@ def summary_row(name, pairs):
 
 
 def print_table(args, rows, failures):
-    print(f"\n{args.precision}, batch {args.batch_size}, {args.steps} timed steps, medians of {args.reps} pairs")
+    side = "afterburner.optimize in Python" if args.afterburner_side == "python" else "afterburner train --model"
+    print(f"\n{side} against Python, {args.precision}, batch {args.batch_size}, {args.steps} timed steps, "
+          f"medians of {args.reps} pairs")
     print(f"{'model':22s} | {'afterburner samples/s':>21s} | {'Python samples/s':>16s} | {'ratio':>6s}")
     for name, ours, python, ratio in rows:
         print(f"{name:22s} | {ours:21.0f} | {python:16.0f} | {ratio:5.2f}x")
@@ -271,22 +293,6 @@ def print_table(args, rows, failures):
     if rows:
         geometric_mean = math.exp(statistics.mean(math.log(ratio) for *_, ratio in rows))
         print(f"geometric mean of the ratios: {geometric_mean:.2f}x over {len(rows)} models")
-
-
-def cpu_description():
-    cpuinfo = Path("/proc/cpuinfo").read_text()
-    name = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-                "unknown")
-    return f"CPU: {name}, avx512_bf16 {'yes' if 'avx512_bf16' in cpuinfo.split() else 'no'}"
-
-
-def load_description():
-    """The 1-minute load average against the cores: other work on them slows eager PyTorch's
-    OpenMP threads far more than afterburner's (seen 20x at load 5 on 2 cores), so a loaded
-    machine skews the ratio."""
-    load, cores = os.getloadavg()[0], os.cpu_count()
-    warning = ": other work is running, the figures are skewed" if load > cores - 0.5 else ""
-    return f"load average {load:.1f} on {cores} cores{warning}"
 
 
 def parse_args():
@@ -299,6 +305,8 @@ def parse_args():
     parser.add_argument("--build", default="build")
     parser.add_argument("--python-channels-last", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--afterburner-flags", default="", help='extra flags for afterburner train, e.g. "--channels-last"')
+    parser.add_argument("--afterburner-side", choices=("cli", "python"), default="cli",
+                        help="cli: `afterburner train --model FILE`; python: the Python loop with afterburner.optimize")
     args = parser.parse_args()
     args.models = [m for m in args.models.split(",") if m]
     unknown = [m for m in args.models if m not in image_models.MODELS]
