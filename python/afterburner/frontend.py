@@ -166,6 +166,26 @@ def _in_float32(output):
     return output
 
 
+class _FusedCopy:
+    """A fused copy of the scripted module, sharing its parameters and buffers, that the module's
+    submodules' train()/eval() flags reach at each call."""
+
+    def __init__(self, script, module):
+        self.module, _ = jit.fuse(script)
+        scripted = dict(self.module.named_modules())
+        pairs = [(m, scripted[name]) for name, m in module.named_modules() if name in scripted]
+        self._eager, self._scripted = [m for m, _ in pairs], [s for _, s in pairs]
+        self._flags = None  # as last set on the copy: reading a ScriptModule's attribute is slow
+
+    def __call__(self, *args, **kwargs):
+        flags = [m.training for m in self._eager]
+        if flags != self._flags:
+            for scripted, flag in zip(self._scripted, flags):
+                scripted.training = flag
+            self._flags = flags
+        return self.module(*args, **kwargs)
+
+
 class _OptimizedForward:
     """The forward afterburner.optimize puts on a module (see the module's docstring). A deep copy
     or an unpickled copy of the module gets its own, built from the copy at its first call."""
@@ -183,10 +203,12 @@ class _OptimizedForward:
         module = self._module()
         _, inference, _, sample_input = self._settings
         self._script = _scripted(self.plain_module(), inference, sample_input)
-        self._fused, _ = jit.fuse(self._script)
-        # (submodule, its scripted copy): train()/eval() reach the copy at the next call
-        scripted = dict(self._fused.named_modules())
-        self._modes = [(m, scripted[name]) for name, m in module.named_modules() if name in scripted]
+        self._fused = _FusedCopy(self._script, module)
+        # Calls without gradients get a copy of their own: TorchScript's executor reuses the plan
+        # it made for calls with gradients, whose differentiable graphs save their inputs for
+        # backward, and under torch.inference_mode that fails ("Inference tensors cannot be
+        # saved for backward", PyTorch 1.13's scripted TransformerEncoder after a training step).
+        self._fused_without_grad = _FusedCopy(self._script, module)
         self._weights = list(module.parameters()) + list(module.buffers())
         self._frozen, self._frozen_weights = None, None
         if inference:
@@ -207,16 +229,14 @@ class _OptimizedForward:
             if self._frozen_weights != self._weight_versions():
                 self._freeze()
             return self._frozen(*args, **kwargs)
-        for eager, scripted in self._modes:
-            if scripted.training != eager.training:
-                scripted.training = eager.training
+        fused = self._fused if torch.is_grad_enabled() else self._fused_without_grad
         if channels_last:
             args = tuple(torch.ops.afterburner.channels_last(a) if isinstance(a, torch.Tensor) and a.dim() == 4
                          and a.is_floating_point() else a for a in args)
         if precision != "bf16" or torch.is_autocast_cpu_enabled():
-            return self._fused(*args, **kwargs)
+            return fused(*args, **kwargs)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            output = self._fused(*args, **kwargs)
+            output = fused(*args, **kwargs)
         return _in_float32(output)
 
     def _weight_versions(self):

@@ -1,8 +1,9 @@
-// core's process-wide settings (core/heap.h) and its memory-format helper as dispatcher ops, so
+// core's process-wide settings (core/heap.h), CPU facts and memory-format helper as dispatcher ops, so
 // Python reaches them through torch.ops.afterburner (afterburner.heap, afterburner.optimize)
 // without bindings of its own.
 #include <torch/library.h>
 
+#include "afterburner/core/cpu.h"
 #include "afterburner/core/heap.h"
 #include "afterburner/core/memory_format.h"
 
@@ -10,5 +11,6 @@ TORCH_LIBRARY_FRAGMENT(afterburner, m) {
   m.def("keep_freed_memory() -> bool", afterburner::keep_freed_memory);
   m.def("release_freed_memory() -> ()", afterburner::release_freed_memory);
   // The tensor laid out channels_last so that LibTorch sees it so, one channel included.
+  m.def("cpu_has_native_bf16() -> bool", afterburner::cpu_has_native_bf16);
   m.def("channels_last(Tensor tensor) -> Tensor", afterburner::channels_last);
 }

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "afterburner/core/cpu.h"
 #include "afterburner/core/error.h"
 #include "autocast_argument.h"
 #include "exp_nonpositive.h"
@@ -444,16 +445,20 @@ variable_list tiled_backward(const torch::Tensor& q, const torch::Tensor& k, con
 // softmax(q k^T * scale + mask + causal mask) in LibTorch's ops, in the accumulation dtype: what
 // the kernel computes, run where its result is differentiated again (create_graph) and for empty
 // sequences.
-torch::Tensor unfused_probabilities(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& mask,
-                                    bool causal, double scale) {
-  const at::ScalarType acc = accumulation_dtype(q);
-  torch::Tensor scores = at::matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale;
+torch::Tensor unfused_probabilities_of_scores(torch::Tensor scores, const torch::Tensor& mask, bool causal) {
   if (mask.defined()) scores = scores + mask;
   if (causal) {
-    const torch::Tensor visible = at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).tril();
+    const torch::Tensor visible =
+        at::ones({scores.size(-2), scores.size(-1)}, scores.options().dtype(at::kBool)).tril();
     scores = scores + at::zeros(visible.sizes(), scores.options()).masked_fill_(visible.logical_not(), -INFINITY);
   }
   return at::softmax(scores, -1);
+}
+
+torch::Tensor unfused_probabilities(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& mask,
+                                    bool causal, double scale) {
+  const at::ScalarType acc = accumulation_dtype(q);
+  return unfused_probabilities_of_scores(at::matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale, mask, causal);
 }
 
 torch::Tensor unfused_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -472,6 +477,27 @@ variable_list unfused_backward(const torch::Tensor& q, const torch::Tensor& k, c
   const torch::Tensor ds = p * (dp - (dp * p).sum(-1, true)) * scale;
   return {at::matmul(ds, k.to(acc)).to(dtype), at::matmul(ds.transpose(-2, -1), q.to(acc)).to(dtype),
           at::matmul(p.transpose(-2, -1), dout).to(dtype)};
+}
+
+// softmax(q k^T * scale + mask + causal mask) v for bf16 q, k, v with LibTorch's bf16 matmuls
+// (oneDNN's AVX512-BF16 kernels, fp32 accumulation, the scores rounded to bf16 as
+// MultiheadAttention's own are under autocast), scale, mask and softmax in fp32; autograd
+// differentiates the ops. The softmax stays fp32 (not LibTorch's faster bf16 kernel) for its
+// backward: with bf16 probabilities, whose rows do not sum to 1, p * (dp - sum(dp * p)) leaves up
+// to 4% of the gradients' scale where they cancel to 0 (keys and values alike).
+torch::Tensor bf16_composition(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& mask, bool causal, double scale) {
+  const torch::Tensor p = unfused_probabilities_of_scores(at::matmul(q, k.transpose(-2, -1)).to(at::kFloat) * scale,
+                                                          mask, causal);
+  return at::matmul(p.to(at::kBFloat16), v);
+}
+
+// Where LibTorch's bf16 matmuls outrun the kernel, whose block GEMMs run in fp32: bf16 on a CPU
+// that computes it natively, below 1,024 x 1,024 scores (the kernel took 0.5-0.7x the time of
+// MultiheadAttention's core at L 17 to 256 and tied it at 1,024; BENCHMARKS.md, Fused attention).
+bool bf16_composition_is_faster(const torch::Tensor& q, int64_t q_len, int64_t k_len) {
+  constexpr int64_t kTiledFromScores = 1024 * 1024;
+  return q.scalar_type() == at::kBFloat16 && q_len * k_len < kTiledFromScores && cpu_has_native_bf16();
 }
 
 // ---- The autograd node ----
@@ -596,6 +622,7 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_in, co
   c10::optional<torch::Tensor> expanded_mask;
   if (mask.defined()) expanded_mask = mask.expand(with_last(batch, q_len, k_len));
   const double softmax_scale = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  if (bf16_composition_is_faster(q, q_len, k_len)) return bf16_composition(q, k, v, mask, causal, softmax_scale);
   return AttentionFunction::apply(q.expand(with_last(batch, q_len, q.size(-1))),
                                   k.expand(with_last(batch, k_len, k.size(-1))),
                                   v.expand(with_last(batch, k_len, v.size(-1))), expanded_mask, causal, softmax_scale);

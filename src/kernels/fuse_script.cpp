@@ -10,6 +10,7 @@
 
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "afterburner/kernels/fuse.h"
@@ -148,6 +149,25 @@ bool inline_calls_once(jit::Block* block) {
   return inlined;
 }
 
+// Dropout whose probability is a constant 0 (torchvision's ViT by default: nn.Dropout(0.0) keeps p
+// a constant) as what LibTorch's op returns for it, its input. TorchScript's executor would run it
+// through its differentiable lowering, which draws a mask of ones (bernoulli_) and multiplies by it
+// whatever p is.
+void remove_dropout_of_zero(jit::Block* block) {
+  static const std::unordered_set<std::string> kinds{
+      "aten::dropout",       "aten::dropout_",       "aten::feature_dropout",       "aten::feature_dropout_",
+      "aten::alpha_dropout", "aten::alpha_dropout_", "aten::feature_alpha_dropout", "aten::feature_alpha_dropout_"};
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    jit::Node* node = *it++;
+    for (jit::Block* inner : node->blocks()) remove_dropout_of_zero(inner);
+    if (!kinds.count(node->kind().toQualString())) continue;
+    const c10::optional<double> p = jit::constant_as<double>(node->input(1));
+    if (!p || *p != 0.0) continue;
+    node->output()->replaceAllUsesWith(node->input(0));
+    node->destroy();
+  }
+}
+
 // Inlines `graph` (submodules' forwards become part of it, so patterns span them) and rewrites
 // its fusable patterns in place, saying what it fused and what it left.
 void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fused,
@@ -163,6 +183,7 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
   // Functional calls inline with their options' branches (F.relu's `if inplace:`, F.max_pool2d's
   // `if stride is None:`): folding those on the now constant options exposes the ops themselves.
   jit::ConstantPropagation(graph, /*ignore_custom_classes=*/true);
+  remove_dropout_of_zero(graph->block());
   // An attention's weights that its caller drops (`out, _ = self.attention(x, x, x)`) are computed
   // by nothing once the tuple between them is gone.
   jit::LowerSimpleTuples(graph);

@@ -3,8 +3,6 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
-#include <fstream>
-
 #include "afterburner/core/error.h"
 
 namespace afterburner::train {
@@ -23,17 +21,6 @@ std::string to_string(Precision precision) {
     case Precision::fp16: return "fp16";
   }
   return "?";
-}
-
-bool cpu_has_native_bf16() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    return line.find(" avx512_bf16") != std::string::npos ||
-           line.find(" amx_bf16") != std::string::npos;
-  }
-  return false;
 }
 
 void check_precision_supported(Precision precision, const torch::Device& device) {

@@ -20,7 +20,11 @@
 // attn_mask [..., Lq | 1, Lk | 1] broadcasts to the scores. dtypes float, double and bfloat16
 // (q, k, v alike); under CPU autocast q, k and v run in the autocast dtype, as LibTorch's matmuls
 // would. bf16 is computed in fp32: the products accumulate in fp32, the running max, sum and
-// log-sum-exp are fp32, and only the result is rounded to bf16. A float mask is read in the
+// log-sum-exp are fp32, and only the result is rounded to bf16. Except where LibTorch's bf16
+// matmuls are faster (a CPU with native bf16, fewer than 1,024 x 1,024 scores): there the
+// [Lq, Lk] scores are computed by them (fp32 accumulation, rounded to bf16 as
+// MultiheadAttention's are under autocast) and softmax-ed in fp32, the probabilities rounded to
+// bf16 for the second matmul, LibTorch's ops and autograd throughout. A float mask is read in the
 // accumulation dtype; it gets no gradient (a mask requiring grad is refused). The backward is
 // differentiable itself (create_graph), through LibTorch's unfused ops.
 //

@@ -19,6 +19,8 @@
 
 #include <string>
 
+#include "afterburner/core/cpu.h"
+
 namespace afterburner::train {
 
 enum class Precision { fp32, bf16, fp16 };
@@ -26,8 +28,8 @@ enum class Precision { fp32, bf16, fp16 };
 Precision parse_precision(const std::string& name);  // "fp32" | "bf16" | "fp16"; UsageError otherwise
 std::string to_string(Precision precision);
 
-// Whether this CPU computes bf16 natively (AVX512-BF16 or AMX): bf16 is the default there.
-bool cpu_has_native_bf16();
+// bf16 is the default precision where the CPU computes it natively.
+using afterburner::cpu_has_native_bf16;
 
 // Throws UsageError when `precision` cannot run on `device` with this LibTorch: CPU autocast
 // in LibTorch accepts bf16 only, so fp16 on CPU is refused with one clear line.
