@@ -148,6 +148,20 @@ def test_bf16_answers_within_what_python_bf16_moves(name, mode):
                 assert model(x).dtype == torch.bfloat16, "under the caller's autocast, autocast's dtypes"
 
 
+@pytest.mark.parametrize("name", ["resnet18", "residual_attention", "rows_transformer"])
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_a_second_call_gives_the_same_outputs_and_gradients_bit_for_bit(name, dtype):
+    module = without_random_draws(build(name))
+    model = afterburner.optimize(module, torch.optim.SGD(module.parameters(), lr=0.1), dtype=dtype)[0]
+    x, y = images(5)
+    calls = []
+    for _ in range(3):
+        loss = F.cross_entropy(model(x), y)
+        calls.append([loss.detach()] + list(torch.autograd.grad(loss, list(model.parameters()))))
+    for later in calls[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(calls[0], later))
+
+
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
 def test_evaluation_under_inference_mode_after_training_steps(dtype):
     """Python users evaluate under torch.inference_mode(); TorchScript's executor then reuses the
@@ -286,7 +300,7 @@ def test_copies_and_saved_modules_stay_optimized_and_independent():
         assert torch.equal(model(x), want), "training a copy moved the original"
 
 
-def test_torch_jit_script_of_the_model_is_the_users_plain_forward(tmp_path):
+def test_torch_jit_script_and_a_second_optimize_see_the_users_forward(tmp_path):
     module = build("residual")
     model, optimizer = afterburner.optimize(module, torch.optim.SGD(module.parameters(), lr=0.1))
     x, y = images(6)
@@ -296,8 +310,11 @@ def test_torch_jit_script_of_the_model_is_the_users_plain_forward(tmp_path):
     assert "afterburner" not in str(scripted.inlined_graph) and scripted.stem.weight is model.stem.weight
     scripted.save(str(tmp_path / "model.pt"))
     loaded = torch.jit.load(str(tmp_path / "model.pt"))
+    served = afterburner.optimize(model)  # trained, then optimized again for inference
     with torch.no_grad():
         expect_python(loaded(x), model(x), "fp32")
+        expect_python(served(x), model(x), "fp32")
+    assert served is not model and served.forward._frozen is not None
 
 
 class Unscriptable(torch.nn.Module):
