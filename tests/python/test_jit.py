@@ -106,3 +106,27 @@ def test_what_does_not_fuse_is_said_and_bad_input_is_one_error():
     # afterburner.nn.fuse, given a model with no Sequential, points here.
     assert nn.fuse(UserNet()).notices == ["UserNet holds no torch.nn.Sequential, whose order is all fuse sees: "
                                           "afterburner.jit.fuse(torch.jit.script(model)) fuses a forward of its own"]
+
+
+def test_dropout_of_probability_zero_is_its_input_and_others_stay():
+    """LibTorch's dropout returns its input for p = 0; TorchScript's executor would draw a mask of
+    ones for it. Other probabilities stay, and draw."""
+    class Dropouts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(6, 6)
+            self.none = torch.nn.Dropout(0.0)
+            self.some = torch.nn.Dropout(0.5)
+
+        def forward(self, x):
+            y = self.none(self.fc(x))
+            return y, self.some(F.dropout(y, 0.0, True))
+
+    module = torch.jit.script(Dropouts())
+    fused, _ = jit.fuse(module)
+    assert str(fused.graph).count("aten::dropout(") == 1  # the p = 0.5 one
+    x = torch.randn(4, 6)
+    for _ in range(2):
+        got, want = fused(x), module(x)
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+        assert not torch.equal(fused(x)[1], got[1]), "p = 0.5 draws anew"
