@@ -189,9 +189,8 @@ class _FusedCopy:
             return self.module(*args, **kwargs)
         # As `train --model` runs its model (train/model.cpp): TorchScript's executor profiles a
         # function's first call and runs later ones on a plan optimized from that profile, whose
-        # derivatives round otherwise; without profiling, every call runs one plan (the ViT trained
-        # 12,100 samples/s against 10,500 with profiling, one run each). The count is read when a
-        # function first runs.
+        # derivatives round otherwise; without profiling, every call runs one plan, and a second
+        # call gives the first one's gradients. The count is read when a function first runs.
         previous = torch._C._jit_set_num_profiled_runs(0)
         try:
             return self.module(*args, **kwargs)

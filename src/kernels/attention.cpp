@@ -493,7 +493,7 @@ torch::Tensor bf16_composition(const torch::Tensor& q, const torch::Tensor& k, c
 }
 
 // Where LibTorch's bf16 matmuls outrun the kernel, whose block GEMMs run in fp32: bf16 on a CPU
-// that computes it natively, below 1,024 x 1,024 scores (the kernel took 0.5-0.7x the time of
+// that computes it natively, below 1,024 x 1,024 scores (the kernel ran at 0.5-0.7x the speed of
 // MultiheadAttention's core at L 17 to 256 and tied it at 1,024; BENCHMARKS.md, Fused attention).
 bool bf16_composition_is_faster(const torch::Tensor& q, int64_t q_len, int64_t k_len) {
   constexpr int64_t kTiledFromScores = 1024 * 1024;
