@@ -189,8 +189,11 @@ class _FusedCopy:
             return self.module(*args, **kwargs)
         # As `train --model` runs its model (train/model.cpp): TorchScript's executor profiles a
         # function's first call and runs later ones on a plan optimized from that profile, whose
-        # derivatives round otherwise; without profiling, every call runs one plan, and a second
-        # call gives the first one's gradients. The count is read when a function first runs.
+        # derivatives round otherwise, and whose differentiable graphs save their inputs for
+        # backward even under torch.inference_mode, which then fails ("Inference tensors cannot
+        # be saved for backward", as Python's own scripted TransformerEncoder does after a
+        # training step). Without profiling every call runs one plan, and a second call gives the
+        # first one's gradients. The count is read when a function first runs.
         previous = torch._C._jit_set_num_profiled_runs(0)
         try:
             return self.module(*args, **kwargs)
@@ -217,11 +220,6 @@ class _OptimizedForward:
         _, inference, _, sample_input = self._settings
         self._script = _scripted(self.plain_module(), inference, sample_input)
         self._fused = _FusedCopy(self._script, module)
-        # Calls without gradients get a copy of their own: TorchScript's executor reuses the plan
-        # it made for calls with gradients, whose differentiable graphs save their inputs for
-        # backward, and under torch.inference_mode that fails ("Inference tensors cannot be
-        # saved for backward", PyTorch 1.13's scripted TransformerEncoder after a training step).
-        self._fused_without_grad = _FusedCopy(self._script, module)
         self._weights = list(module.parameters()) + list(module.buffers())
         self._frozen, self._frozen_weights = None, None
         if inference:
@@ -242,14 +240,13 @@ class _OptimizedForward:
             if self._frozen_weights != self._weight_versions():
                 self._freeze()
             return self._frozen(*args, **kwargs)
-        fused = self._fused if torch.is_grad_enabled() else self._fused_without_grad
         if channels_last:
             args = tuple(torch.ops.afterburner.channels_last(a) if isinstance(a, torch.Tensor) and a.dim() == 4
                          and a.is_floating_point() else a for a in args)
         if precision != "bf16" or torch.is_autocast_cpu_enabled():
-            return fused(*args, **kwargs)
+            return self._fused(*args, **kwargs)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            output = fused(*args, **kwargs)
+            output = self._fused(*args, **kwargs)
         return _in_float32(output)
 
     def _weight_versions(self):

@@ -10,7 +10,8 @@
 TORCH_LIBRARY_FRAGMENT(afterburner, m) {
   m.def("keep_freed_memory() -> bool", afterburner::keep_freed_memory);
   m.def("release_freed_memory() -> ()", afterburner::release_freed_memory);
-  // The tensor laid out channels_last so that LibTorch sees it so, one channel included.
   m.def("cpu_has_native_bf16() -> bool", afterburner::cpu_has_native_bf16);
-  m.def("channels_last(Tensor tensor) -> Tensor", afterburner::channels_last);
+  // The tensor laid out channels_last so that LibTorch sees it so, one channel included: the
+  // tensor itself where it already is (so the result may alias it), else a copy.
+  m.def("channels_last(Tensor(a) tensor) -> Tensor(a)", afterburner::channels_last);
 }

@@ -164,15 +164,20 @@ def test_a_second_call_gives_the_same_outputs_and_gradients_bit_for_bit(name, dt
 
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
 def test_evaluation_under_inference_mode_after_training_steps(dtype):
-    """Python users evaluate under torch.inference_mode(); TorchScript's executor then reuses the
-    plan of the training steps, which saves inference tensors for backward (PyTorch 1.13 fails so
-    on the scripted module)."""
+    """Python users evaluate under torch.inference_mode(); a profiled TorchScript plan of the
+    training steps saves inference tensors for backward there (PyTorch 1.13 fails so on the
+    scripted module). And a first call under inference_mode leaves later steps their gradients."""
     module = build("rows_transformer")
     model, optimizer = afterburner.optimize(module, torch.optim.SGD(module.parameters(), lr=0.1), dtype=dtype)
+    model.eval()
+    with torch.inference_mode():
+        model(images(8)[0])
+    model.train()
     for seed in range(3):
         x, y = images(8, seed)
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
+        assert all(p.grad is not None for p in model.parameters())
         optimizer.step()
     model.eval()
     with torch.no_grad():
