@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev libopenblas0-pthread libgloo-dev libdnnl-dev
+  libtorch-dev libopenblas0-pthread libgloo-dev libdnnl-dev libideep-dev
   libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libtomlplusplus-dev zlib1g-dev libzip-dev
   libboost-dev libsimdjson-dev wrk

@@ -43,7 +43,9 @@ bool propagates_like_aten(const jit::Node* node) {
       "aten::avg_pool2d",    "aten::avg_pool3d",          "aten::adaptive_avg_pool2d",
       "aten::batch_norm",    "prim::MKLDNNLayerNorm",     "prim::MKLDNNLayerNorm_",
       "aten::tanh",          "aten::tanh_",               "aten::gelu",
-      "aten::prelu",         "aten::dropout",             "aten::dropout_"};
+      "aten::prelu",         "aten::dropout",             "aten::dropout_",
+      // relu then max pooling, kernels of ours on oneDNN's own layouts, padding channels kept 0.
+      "afterburner::relu_max_pool2d"};
   return kinds.count(node->kind().toQualString()) > 0;
 }
 
@@ -183,13 +185,6 @@ jit::Node* clamp_on_buffer(jit::Node* relu) {
 
 bool is_relu(const jit::Node* node) { return node->kind() == c10::aten::relu || node->kind() == c10::aten::relu_; }
 
-bool feeds_only_max_pool2d(const jit::Node* relu) {
-  const auto& uses = relu->output()->uses();
-  return !uses.empty() && std::all_of(uses.begin(), uses.end(), [](const jit::Use& use) {
-    return use.user->kind() == c10::aten::max_pool2d && use.offset == 0;
-  });
-}
-
 // Rewrites the ops of `block` (and of blocks inside it) that would drop NaN or infinities.
 int rewrite_ops(jit::Block* block, OnednnValues& onednn) {
   int rewritten = 0;
@@ -202,10 +197,9 @@ int rewrite_ops(jit::Block* block, OnednnValues& onednn) {
       continue;
     }
     ++rewritten;
-    if (is_relu(node) && !padded && !feeds_only_max_pool2d(node)) {
+    if (is_relu(node) && !padded) {
       onednn.add_outputs(clamp_on_buffer(node));
     } else {
-      // A relu goes to dense tensors with the max_pool2d after it, to fuse with it there.
       run_on_aten(is_buffer_op(node) ? as_aten(node) : node, onednn);
     }
   }
@@ -224,20 +218,15 @@ void cancel_round_trips(jit::Block* block) {
 
 }  // namespace
 
-// Pooling on dense tensors rather than a kernel of ours on oneDNN's blocked layout: LibTorch
-// reaches that layout only through ideep, whose headers Debian's libtorch-dev does not ship;
-// and a relu then max_pool2d fuses into one pass of afterburner::relu_max_pool2d there. The
-// conversion to dense costs a pass over the convolution's output: the zoo cnn served on one
-// thread takes the same time at batch 1 and 11-18% longer at batch 16 to 256; a relu without
-// max_pool2d stays on oneDNN's buffer (the zoo resnet: unchanged). Keeping the pooling on
-// oneDNN cost more: adding 0 * tanh(avg_pool2d(r)) to restore NaN (+27% at batch 1, +21% at
-// 64), or pooling densely only when a per-channel mean shows NaN (+30% at batch 1).
+// A relu then max_pool2d becomes afterburner::relu_max_pool2d first, which pools oneDNN's buffer
+// in place of oneDNN's pooling (ResNet-18 at batch 32: converting its stem's output to dense and
+// back cost more than the pooling itself); a max_pool2d alone goes to dense tensors.
 int propagate_non_finite_as_aten(std::shared_ptr<jit::Graph>& graph) {
+  int rewritten = kernels::fuse_relu_max_pool2d(graph);
   OnednnValues onednn;
-  const int rewritten = rewrite_ops(graph->block(), onednn);
+  rewritten += rewrite_ops(graph->block(), onednn);
   cancel_round_trips(graph->block());
   jit::EliminateDeadCode(graph);
-  kernels::fuse_relu_max_pool2d(graph);
   return rewritten;
 }
 

@@ -100,6 +100,8 @@ TORCH_LIBRARY(afterburner, m) {
   m.def("relu_max_pool2d(Tensor x, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, "
         "bool ceil_mode=False) -> Tensor");
   register_kernels<relu_max_pool2d_op>(m, "relu_max_pool2d");
+  // On oneDNN tensors too (an optimized inference graph's), in their own layout.
+  m.impl("relu_max_pool2d", torch::dispatch(c10::DispatchKey::MkldnnCPU, TORCH_FN(WithoutGrad<relu_max_pool2d_op>::call)));
   // relu(x weight^T + bias), as relu(linear(x, weight, bias)).
   m.def("linear_relu(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   register_kernels<linear_relu_op>(m, "linear_relu");

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "afterburner/core/onednn_tensor.h"
 
 namespace afterburner::kernels {
 namespace {
@@ -200,20 +201,32 @@ inline void store_window_row(T* row, Kernel kernel, LaneStep lane_step, int64_t 
   }
 }
 
+// A 4-D batch as the kernels walk it: `images` of [height][width][depth] values, one after
+// another. NCHW is N*C images of depth 1, channels_last N images of depth C, and oneDNN's
+// channel-blocked layouts N*C/b images of depth b (see OnednnImages).
+struct ImageGrid {
+  int64_t images, height, width, depth;
+};
+
+ImageGrid grid_of(at::IntArrayRef sizes, bool channels_last) {
+  if (channels_last) return {sizes[0], sizes[2], sizes[3], sizes[1]};
+  return {sizes[0] * sizes[1], sizes[2], sizes[3], 1};
+}
+
 // The problem cut into bands: a band is one output row and the `kernel` input rows under it.
-// NCHW pools each (n, c) plane with one element per spatial position (depth 1); channels_last
-// pools each image with C elements per position (depth C). Inside a band, a vector lane is one
-// window: NCHW lanes run along the output row (input stride kernel), channels_last lanes along
-// the channels of one output position (input stride 1), one group of lanes per output column.
+// Depth 1 (NCHW) pools each plane with one element per spatial position; depth d > 1 pools each
+// image with d elements per position. Inside a band, a vector lane is one window: at depth 1
+// lanes run along the output row (input stride kernel), else along the d elements of one output
+// position (input stride 1), one group of lanes per output column.
 struct Bands {
-  Bands(at::IntArrayRef input_sizes, int64_t kernel_size, bool channels_last)
+  Bands(const ImageGrid& grid, int64_t kernel_size)
       : kernel(kernel_size),
-        images(channels_last ? input_sizes[0] : input_sizes[0] * input_sizes[1]),
-        height(input_sizes[2]),
-        depth(channels_last ? input_sizes[1] : 1),
-        out_height(input_sizes[2] / kernel_size),
-        out_width(input_sizes[3] / kernel_size),
-        row_step(input_sizes[3] * depth) {}
+        images(grid.images),
+        height(grid.height),
+        depth(grid.depth),
+        out_height(grid.height / kernel_size),
+        out_width(grid.width / kernel_size),
+        row_step(grid.width * grid.depth) {}
 
   int64_t count() const { return images * out_height; }
   int64_t groups() const { return depth == 1 ? 1 : out_width; }
@@ -358,6 +371,182 @@ void unpool_bands(const Bands& bands, Kernel kernel, LaneStep lane_step, const T
   }
 }
 
+// Overlapping or padded windows (stride != kernel, padding: ResNet's 3x3 stride-2 stem pool),
+// forward only: inference needs no winner record, and training keeps torch's composition, whose
+// backward adds up the gradients of overlapping windows. An input row feeds several output rows,
+// so each output row pools in two passes at depth 1 (NCHW; deeper images scan each window, see
+// pool_overlapping_deep):
+//   columns[p + w] = max over the window's rows of x[row][w], from 0 (ReLU), taking NaN
+//   out[o]         = max over c < kernel of columns[o*stride + c]
+// where the `p = padding` columns on either side stay 0. Torch pads with -inf after the ReLU; max
+// with 0 gives the same wherever a window holds an input element, which torch's padding <=
+// kernel / 2 guarantees. A window holding several NaNs may return another of them than torch.
+struct OverlappingWindows {
+  OverlappingWindows(const ImageGrid& grid, const ReluMaxPool2dOptions& options)
+      : kernel(options.kernel_size()),
+        stride(options.stride()),
+        padding(options.padding()),
+        images(grid.images),
+        depth(grid.depth),
+        height(grid.height),
+        width(grid.width),
+        out_height(pooled_size(height, options)),
+        out_width(pooled_size(width, options)) {}
+
+  // torch's pooling output size for dilation 1.
+  static int64_t pooled_size(int64_t size, const ReluMaxPool2dOptions& o) {
+    const int64_t span = size + 2 * o.padding() - o.kernel_size() + (o.ceil_mode() ? o.stride() - 1 : 0);
+    int64_t pooled = span / o.stride() + 1;
+    // ceil_mode's last window must start inside the input or its left padding.
+    if (o.ceil_mode() && (pooled - 1) * o.stride() >= size + o.padding()) --pooled;
+    return pooled;
+  }
+
+  int64_t count() const { return images * out_height; }
+  // The input rows [first_input, last_input) under output row `out_index`; likewise columns.
+  int64_t first_input(int64_t out_index) const { return std::max<int64_t>(0, out_index * stride - padding); }
+  int64_t last_input(int64_t out_index, int64_t size) const {
+    return std::min<int64_t>(size, out_index * stride - padding + kernel);
+  }
+  // Depth 1: the zero-padded row of column maxima, with room for the last block's strided loads.
+  int64_t columns_size() const { return std::max(padding + width, stride * out_width + kernel) + 2 * kWideBlock; }
+  int64_t grain() const { return std::max<int64_t>(1, kGrainElements / (kernel * width * depth)); }
+
+  int64_t kernel, stride, padding, images, depth, height, width, out_height, out_width;
+};
+
+// best = candidate where candidate > best or is NaN (torch's max_pool2d scan), for vectors and scalars.
+template <typename V>
+inline void keep_max(V& best, const V& candidate) {
+  const auto take = (candidate > best) | (candidate != candidate);
+  best = take ? candidate : best;
+}
+
+// widen and narrow of one value.
+template <typename T>
+inline Compute<T> widen_one(T value) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    const uint32_t bits = static_cast<uint32_t>(value) << 16;
+    float widened;
+    std::memcpy(&widened, &bits, sizeof widened);
+    return widened;
+  } else {
+    return value;
+  }
+}
+
+template <typename T>
+inline T narrow_one(Compute<T> value) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    return static_cast<uint16_t>(bits >> 16);
+  } else {
+    return value;
+  }
+}
+
+// Lane j of v = from[j * stride].
+template <int64_t N, typename C>
+inline void load_every(const C* from, int64_t stride, Vec<C, N>& v) {
+  if (stride == 1) {
+    std::memcpy(&v, from, sizeof v);
+  } else if (stride == 2) {
+    Vec<C, N> low, high, odds;
+    std::memcpy(&low, from, sizeof low);
+    std::memcpy(&high, from + N, sizeof high);
+    deinterleave(low, high, v, odds, std::make_index_sequence<N>{});
+  } else {
+    for (int64_t j = 0; j < N; ++j) v[j] = from[j * stride];
+  }
+}
+
+// Output rows [begin, end) at depth 1 (NCHW): one plane's output row each.
+template <typename T>
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), flatten))
+void pool_overlapping_planes(const OverlappingWindows& windows, const T* in, T* out, int64_t begin, int64_t end) {
+  using C = Compute<T>;
+  constexpr int64_t N = kWideBlock;
+  const int64_t width = windows.width;
+  std::vector<C> columns(windows.columns_size(), C(0));
+  C* row_max = columns.data() + windows.padding;
+  for (int64_t band = begin; band < end; ++band) {
+    const int64_t out_row = band % windows.out_height;
+    const T* plane = in + (band / windows.out_height) * windows.height * width;
+    const T* first_row = plane + windows.first_input(out_row) * width;
+    const T* last_row = plane + windows.last_input(out_row, windows.height) * width;
+    int64_t w = 0;
+    for (; w + N <= width; w += N) {
+      Vec<C, N> best = {};
+      for (const T* row = first_row; row != last_row; row += width) {
+        Vec<T, N> stored;
+        Vec<C, N> candidate;
+        std::memcpy(&stored, row + w, sizeof stored);
+        widen<T, N>(stored, candidate);
+        keep_max(best, candidate);
+      }
+      std::memcpy(row_max + w, &best, sizeof best);
+    }
+    for (; w < width; ++w) {
+      C best = 0;
+      for (const T* row = first_row; row != last_row; row += width) keep_max(best, widen_one(row[w]));
+      row_max[w] = best;
+    }
+    T* out_row_data = out + band * windows.out_width;
+    int64_t o = 0;
+    for (; o + N <= windows.out_width; o += N) {
+      Vec<C, N> best = {};
+      for (int64_t c = 0; c < windows.kernel; ++c) {
+        Vec<C, N> candidate;
+        load_every<N>(columns.data() + o * windows.stride + c, windows.stride, candidate);
+        keep_max(best, candidate);
+      }
+      Vec<T, N> value;
+      narrow<T, N>(best, value);
+      std::memcpy(out_row_data + o, &value, sizeof value);
+    }
+    for (; o < windows.out_width; ++o) {
+      C best = 0;
+      for (int64_t c = 0; c < windows.kernel; ++c) keep_max(best, columns[o * windows.stride + c]);
+      out_row_data[o] = narrow_one<T>(best);
+    }
+  }
+}
+
+// Output rows [begin, end) at depth > 1 (channels_last, oneDNN's blocks): one image's output row
+// each, vector lanes along the depth, each window scanned in torch's row-major order.
+template <typename T>
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), flatten))
+void pool_overlapping_deep(const OverlappingWindows& windows, const T* in, T* out, int64_t begin,
+                                    int64_t end) {
+  const int64_t depth = windows.depth;
+  for (int64_t band = begin; band < end; ++band) {
+    const int64_t out_row = band % windows.out_height;
+    const T* image = in + (band / windows.out_height) * windows.height * windows.width * depth;
+    const int64_t first_row = windows.first_input(out_row), last_row = windows.last_input(out_row, windows.height);
+    for (int64_t o = 0; o < windows.out_width; ++o) {
+      const int64_t first_column = windows.first_input(o), last_column = windows.last_input(o, windows.width);
+      T* position = out + (band * windows.out_width + o) * depth;
+      for_each_block(depth, [&](int64_t first, auto lanes) {
+        constexpr int64_t N = vector_width<decltype(lanes)>;
+        Vec<Compute<T>, N> best = {};
+        for (int64_t r = first_row; r < last_row; ++r) {
+          for (int64_t c = first_column; c < last_column; ++c) {
+            Vec<T, N> stored;
+            Vec<Compute<T>, N> candidate;
+            load_contiguous<T, N>(image + (r * windows.width + c) * depth + first, lanes, stored);
+            widen<T, N>(stored, candidate);
+            keep_max(best, candidate);
+          }
+        }
+        Vec<T, N> value;
+        narrow<T, N>(best, value);
+        store_contiguous<T, N>(position + first, lanes, value);
+      });
+    }
+  }
+}
+
 // Calls fn(kernel, lane_step) with compile-time values for the common shapes, so their window
 // loops unroll and their lane loads have a constant stride.
 template <typename Fn>
@@ -394,32 +583,91 @@ at::MemoryFormat memory_format(bool channels_last) {
   return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
 }
 
-// The output, and with record_winners the winner record, of the fast path.
-std::pair<torch::Tensor, torch::Tensor> fused_forward(const torch::Tensor& x, int64_t kernel,
-                                                      bool record_winners) {
-  const bool channels_last = is_channels_last(x);
-  const Bands bands(x.sizes(), kernel, channels_last);
-  const std::vector<int64_t> out_sizes{x.size(0), x.size(1), bands.out_height, bands.out_width};
-  const auto format = memory_format(channels_last);
-  auto out = torch::empty(out_sizes, x.options().memory_format(format));
-  torch::Tensor winners;
-  if (record_winners) winners = torch::empty(out_sizes, x.options().dtype(torch::kUInt8).memory_format(format));
-  uint8_t* winner_data = record_winners ? winners.data_ptr<uint8_t>() : nullptr;
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "relu_max_pool2d", [&] {
-    const auto* in = data_as<Storage<scalar_t>, scalar_t>(x);
-    auto* out_data = data_as<Storage<scalar_t>, scalar_t>(out);
-    with_static_shape(bands, [&](auto k, auto lane_step) {
-      at::parallel_for(0, bands.count(), bands.grain(), [&](int64_t begin, int64_t end) {
-        pool_bands(bands, k, lane_step, in, out_data, winner_data, begin, end);
+// Whether the windows tile the input (kernel == stride, no padding): the band kernels, which
+// also record winners for the backward.
+bool windows_tile(int64_t height, int64_t width, const ReluMaxPool2dOptions& options) {
+  const int64_t k = options.kernel_size();
+  // ceil_mode adds a partial window only where a size is not a multiple of the kernel.
+  const bool partial_windows = options.ceil_mode() && (height % k != 0 || width % k != 0);
+  return options.stride() == k && k <= kMaxFastKernel && options.padding() == 0 && options.dilation() == 1 &&
+         height >= k && width >= k && !partial_windows;
+}
+
+// Options torch accepts (others go to torch for its error), at least one window per row and column.
+bool windows_overlap_supported(int64_t height, int64_t width, const ReluMaxPool2dOptions& options) {
+  const int64_t k = options.kernel_size(), p = options.padding();
+  return options.dilation() == 1 && p <= k / 2 && height + 2 * p >= k && width + 2 * p >= k;
+}
+
+std::vector<int64_t> output_sizes(at::IntArrayRef input_sizes, const ReluMaxPool2dOptions& options) {
+  return {input_sizes[0], input_sizes[1], OverlappingWindows::pooled_size(input_sizes[2], options),
+          OverlappingWindows::pooled_size(input_sizes[3], options)};
+}
+
+// relu then max pooling of `grid` from `in` into `out`, with the winner record where `winners`
+// is given (tiling windows only).
+void pool_grid(const ImageGrid& grid, const ReluMaxPool2dOptions& options, at::ScalarType dtype, const void* in,
+               void* out, uint8_t* winners) {
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dtype, "relu_max_pool2d", [&] {
+    using T = Storage<scalar_t>;
+    const auto* from = static_cast<const T*>(in);
+    auto* to = static_cast<T*>(out);
+    if (windows_tile(grid.height, grid.width, options)) {
+      const Bands bands(grid, options.kernel_size());
+      with_static_shape(bands, [&](auto k, auto lane_step) {
+        at::parallel_for(0, bands.count(), bands.grain(), [&](int64_t begin, int64_t end) {
+          pool_bands(bands, k, lane_step, from, to, winners, begin, end);
+        });
       });
+      return;
+    }
+    const OverlappingWindows windows(grid, options);
+    at::parallel_for(0, windows.count(), windows.grain(), [&](int64_t begin, int64_t end) {
+      if (grid.depth == 1) {
+        pool_overlapping_planes(windows, from, to, begin, end);
+      } else {
+        pool_overlapping_deep(windows, from, to, begin, end);
+      }
     });
   });
+}
+
+// The output of a dense tensor, and with record_winners the winner record.
+std::pair<torch::Tensor, torch::Tensor> dense_forward(const torch::Tensor& x, const ReluMaxPool2dOptions& options,
+                                                      bool record_winners) {
+  const bool channels_last = is_channels_last(x);
+  const auto sizes = output_sizes(x.sizes(), options);
+  const auto format = memory_format(channels_last);
+  auto out = torch::empty(sizes, x.options().memory_format(format));
+  torch::Tensor winners;
+  if (record_winners) winners = torch::empty(sizes, x.options().dtype(torch::kUInt8).memory_format(format));
+  pool_grid(grid_of(x.sizes(), channels_last), options, x.scalar_type(), x.data_ptr(), out.data_ptr(),
+            record_winners ? winners.data_ptr<uint8_t>() : nullptr);
   return {out, winners};
+}
+
+// torch's composition, the reference every path matches.
+torch::Tensor unfused(const torch::Tensor& x, const ReluMaxPool2dOptions& options) {
+  return torch::max_pool2d(torch::relu(x), options.kernel_size(), options.stride(), options.padding(),
+                           options.dilation(), options.ceil_mode());
+}
+
+// A oneDNN tensor (an optimized inference graph's) pooled in its own layout, without converting
+// to dense and back; other oneDNN layouts, and calls that record a gradient, go through dense.
+torch::Tensor onednn_forward(const torch::Tensor& x, const ReluMaxPool2dOptions& options, bool records_gradient) {
+  const auto images = onednn_images(x);
+  const bool supported = windows_tile(x.size(2), x.size(3), options) ||
+                         windows_overlap_supported(x.size(2), x.size(3), options);
+  if (!images || records_gradient || !supported) return relu_max_pool2d(x.to_dense(), options).to_mkldnn();
+  auto out = empty_onednn_images(x, output_sizes(x.sizes(), options));
+  pool_grid({images->images, images->height, images->width, images->depth}, options, images->dtype, images->data,
+            onednn_images(out)->data, nullptr);
+  return out;
 }
 
 torch::Tensor fused_backward(const torch::Tensor& grad_out, const torch::Tensor& winners,
                              at::IntArrayRef input_sizes, int64_t kernel, bool channels_last) {
-  const Bands bands(input_sizes, kernel, channels_last);
+  const Bands bands(grid_of(input_sizes, channels_last), kernel);
   const auto format = memory_format(channels_last);
   const auto grad = grad_out.contiguous(format);
   auto grad_in = torch::empty(input_sizes, grad.options().memory_format(format));
@@ -439,7 +687,7 @@ torch::Tensor fused_backward(const torch::Tensor& grad_out, const torch::Tensor&
 // Saves only the one-byte winner record: each window's gradient goes to its winner, if any.
 struct ReluMaxPoolFunction : public torch::autograd::Function<ReluMaxPoolFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, int64_t kernel) {
-    auto [out, winners] = fused_forward(x, kernel, /*record_winners=*/true);
+    auto [out, winners] = dense_forward(x, kernel, /*record_winners=*/true);
     ctx->save_for_backward({winners});
     ctx->saved_data["kernel"] = kernel;
     ctx->saved_data["input_sizes"] = x.sizes().vec();
@@ -465,19 +713,9 @@ bool is_fast_dtype(at::ScalarType dtype) {
   return dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble;
 }
 
-// ceil_mode adds a partial window only where the size is not a multiple of the kernel.
-bool ceil_mode_adds_windows(const torch::Tensor& x, const ReluMaxPool2dOptions& options) {
-  const int64_t k = options.kernel_size();
-  return options.ceil_mode() && (x.size(2) % k != 0 || x.size(3) % k != 0);
-}
-
-bool fast_path_applies(const torch::Tensor& x, const ReluMaxPool2dOptions& options) {
-  const int64_t k = options.kernel_size();
-  return x.dim() == 4 && x.device().is_cpu() && x.layout() == torch::kStrided &&
-         is_fast_dtype(x.scalar_type()) && x.is_contiguous(x.suggest_memory_format()) &&
-         options.stride() == k && k <= kMaxFastKernel && options.padding() == 0 &&
-         options.dilation() == 1 && x.size(2) >= k && x.size(3) >= k &&
-         !ceil_mode_adds_windows(x, options);
+bool is_dense_image(const torch::Tensor& x) {
+  return x.dim() == 4 && x.device().is_cpu() && x.layout() == torch::kStrided && is_fast_dtype(x.scalar_type()) &&
+         x.is_contiguous(x.suggest_memory_format());
 }
 
 void require_at_least(const std::string& field, int64_t value, int64_t minimum) {
@@ -497,14 +735,16 @@ void validate(const ReluMaxPool2dOptions& options) {
 
 torch::Tensor relu_max_pool2d(const torch::Tensor& x, const ReluMaxPool2dOptions& options) {
   validate(options);
-  if (!fast_path_applies(x, options)) {
-    return torch::max_pool2d(torch::relu(x), options.kernel_size(), options.stride(),
-                             options.padding(), options.dilation(), options.ceil_mode());
+  const bool records_gradient = torch::GradMode::is_enabled() && x.requires_grad();
+  if (x.is_mkldnn() && x.dim() == 4) return onednn_forward(x, options, records_gradient);
+  if (is_dense_image(x) && windows_tile(x.size(2), x.size(3), options)) {
+    if (records_gradient) return ReluMaxPoolFunction::apply(x, options.kernel_size())[0];
+    return dense_forward(x, options, /*record_winners=*/false).first;
   }
-  if (torch::GradMode::is_enabled() && x.requires_grad()) {
-    return ReluMaxPoolFunction::apply(x, options.kernel_size())[0];
+  if (is_dense_image(x) && !records_gradient && windows_overlap_supported(x.size(2), x.size(3), options)) {
+    return dense_forward(x, options, /*record_winners=*/false).first;
   }
-  return fused_forward(x, options.kernel_size(), /*record_winners=*/false).first;
+  return unfused(x, options);
 }
 
 torch::Tensor relu_max_pool2d(const torch::Tensor& x, int64_t kernel, int64_t stride) {

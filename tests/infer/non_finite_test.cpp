@@ -92,6 +92,7 @@ std::vector<BetweenConvolutions> onednn_ops() {
           {"Relu", "torch.relu(y)"},
           {"ReluInPlace", "torch.relu_(y)"},
           {"ReluMaxPool", "torch.max_pool2d(torch.relu(y), [2, 2], [2, 2], [0, 0], [1, 1], False)"},
+          {"ReluOverlappingMaxPool", "torch.max_pool2d(torch.relu(y), [3, 3], [2, 2], [1, 1], [1, 1], True)"},
           {"ReluTwoUses", "torch.relu(y) + torch.max_pool2d(torch.relu(y), [3, 3], [1, 1], [1, 1])"},
           {"MaxPool", "torch.max_pool2d(y, [3, 3], [1, 1], [1, 1], [1, 1], False)"},
           {"Sigmoid", "torch.sigmoid(y)"},
@@ -116,14 +117,30 @@ std::vector<BetweenConvolutions> onednn_ops() {
 INSTANTIATE_TEST_SUITE_P(OnOnednn, NonFinite, ::testing::ValuesIn(onednn_ops()),
                          [](const ::testing::TestParamInfo<BetweenConvolutions>& info) { return info.param.name; });
 
-// The rewrites themselves: a relu before a max_pool2d fuses with it on the dense tensor, other
-// relus stay on oneDNN's buffer where it has no padding channels, and so do hardtanh and the like.
+// The fused pooling's input, as the prepared graph computes it.
+const char* relu_max_pool2d_input_kind(jit::Module& prepared) {
+  for (const jit::Node* node : prepared.get_method("forward").graph()->nodes()) {
+    if (node->kind().toQualString() == std::string("afterburner::relu_max_pool2d")) {
+      return node->input(0)->node()->kind().toQualString();
+    }
+  }
+  return "no afterburner::relu_max_pool2d";
+}
+
+// The rewrites themselves: a relu before a max_pool2d fuses with it on oneDNN's buffer (padded
+// channels or not), other relus stay on oneDNN's buffer where it has no padding channels, and so
+// do hardtanh and the like.
 TEST(NonFiniteRewrites, ReluPoolFusesOtherOpsStayOnOnednnWherePossible) {
-  jit::Module pooled = jit::freeze(model_with("torch.max_pool2d(torch.relu(y), [2, 2], [2, 2])", 16));
-  jit::Module prepared = infer::prepare_for_inference(pooled);
-  EXPECT_TRUE(graph_has(prepared, "afterburner::relu_max_pool2d"));
-  EXPECT_FALSE(graph_has(prepared, "aten::relu_"));
-  EXPECT_FALSE(graph_has(prepared, "aten::max_pool2d"));
+  for (const int64_t channels : {6, 16}) {
+    for (const char* pool : {"[2, 2], [2, 2]", "[3, 3], [2, 2], [1, 1]"}) {
+      SCOPED_TRACE(fmt::format("{} channels, max_pool2d({})", channels, pool));
+      jit::Module pooled = jit::freeze(model_with(fmt::format("torch.max_pool2d(torch.relu(y), {})", pool), channels));
+      jit::Module prepared = infer::prepare_for_inference(pooled);
+      EXPECT_STREQ(relu_max_pool2d_input_kind(prepared), "prim::mkldnn_convolution");
+      EXPECT_FALSE(graph_has(prepared, "aten::relu_"));
+      EXPECT_FALSE(graph_has(prepared, "aten::max_pool2d"));
+    }
+  }
 
   jit::Module relu = jit::freeze(model_with("torch.relu(y)", 16));
   jit::Module clamped = infer::prepare_for_inference(relu);

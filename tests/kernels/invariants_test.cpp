@@ -138,6 +138,21 @@ OpCase relu_max_pool_case() {
           exact};
 }
 
+// Overlapping and padded windows {N, C, H, W, kernel, stride, padding}: torch's composition where
+// a gradient is recorded, a kernel of ours without (the contract's no-grad call).
+OpCase relu_max_pool_overlapping_case() {
+  return {"relu_max_pool2d overlapping", {P::fp32, P::bf16, P::fp64},
+          {{1, 1, 5, 5, 3, 2, 1}, {2, 3, 12, 11, 3, 2, 1}, {1, 4, 9, 10, 3, 1, 1}, {2, 9, 17, 18, 5, 3, 2}},
+          kImageLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            const auto x = in.random({s[0], s[1], s[2], s[3]}, l);
+            const auto options = kernels::ReluMaxPool2dOptions(s[4]).stride(s[5]).padding(s[6]);
+            return Trial{[=] { return kernels::relu_max_pool2d(x, options); },
+                         [=] { return torch::max_pool2d(torch::relu(x), s[4], s[5], s[6]); }};
+          },
+          exact};
+}
+
 OpCase relu_max_pool_module_case() {
   return {"ReluMaxPool2d", {P::fp32, P::bf16}, {{2, 3, 6, 6, 2}, {1, 1, 9, 10, 3}}, kImageLayouts,
           [](Inputs& in, const Shape& s, Layout l) {
@@ -270,7 +285,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
                                            differentiated_twice(linear_relu_case()),
                                            differentiated_twice(linear_relu_module_case()),
                                            differentiated_twice(conv_relu_case(), {P::fp32}), relu_max_pool_case(),
-                                           relu_max_pool_module_case(), differentiated_twice(cross_entropy_case()),
+                                           relu_max_pool_overlapping_case(), relu_max_pool_module_case(),
+                                           differentiated_twice(cross_entropy_case()),
                                            differentiated_twice(low_rank_case()), fuse_case(),
                                            attention_case(), attention_second_order_case()),
                          [](const ::testing::TestParamInfo<OpCase>& info) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "afterburner/core/onednn_tensor.h"
 #include "afterburner/core/threads.h"
 #include "autograd_check.h"
 #include "testing.h"
@@ -317,6 +318,126 @@ TEST(ReluMaxPool, BadOptionsNameTheirField) {
   EXPECT_TRUE(Contains(error_message<UsageError>([&] { relu_max_pool2d(x, ReluMaxPool2dOptions(2).dilation(0)); }),
                        "dilation: must be at least 1, got 0"));
   EXPECT_TRUE(Contains(error_message<UsageError>([] { ReluMaxPool2d{ReluMaxPool2dOptions(-2)}; }), "kernel_size"));
+}
+
+// Overlapping and padded windows, as ResNet's stem pools (3x3, stride 2, padding 1): without a
+// gradient to record, a kernel of ours; with one, torch's composition. Both give torch's values.
+struct OverlappingCase {
+  int64_t kernel, stride, padding;
+  bool ceil_mode;
+};
+
+const std::vector<OverlappingCase> kOverlapping{{3, 2, 1, false}, {3, 2, 1, true}, {3, 1, 1, false},
+                                                {2, 1, 0, false}, {5, 3, 2, true}, {3, 2, 0, true},
+                                                {4, 3, 1, false}, {2, 2, 1, false}};
+
+ReluMaxPool2dOptions options_of(const OverlappingCase& c) {
+  return ReluMaxPool2dOptions(c.kernel).stride(c.stride).padding(c.padding).ceil_mode(c.ceil_mode);
+}
+
+// Random values with NaN, +inf and -inf sprinkled over them, and small integers for ties.
+torch::Tensor values_with_non_finite(const std::vector<int64_t>& shape, torch::ScalarType dtype) {
+  auto x = torch::randn(shape, torch::kDouble);
+  auto flat = x.view(-1);
+  flat.slice(0, 0, flat.numel(), 7).fill_(kNaN);
+  flat.slice(0, 2, flat.numel(), 11).fill_(kInf);
+  flat.slice(0, 3, flat.numel(), 13).fill_(-kInf);
+  flat.slice(0, 5, flat.numel(), 4).copy_(torch::randint(-2, 3, flat.slice(0, 5, flat.numel(), 4).sizes()));
+  return x.to(dtype);
+}
+
+class ReluMaxPoolOverlapping : public ::testing::TestWithParam<ExactCase> {};
+
+TEST_P(ReluMaxPoolOverlapping, WithoutGradientMatchesTorchTwice) {
+  const auto& [dtype, format] = GetParam();
+  torch::manual_seed(12);
+  // Widths below, at and above a vector of 8 windows; batch 1, odd sizes, depths of 1 to 19.
+  const std::vector<std::vector<int64_t>> shapes{{1, 1, 5, 5}, {2, 3, 12, 11}, {1, 19, 17, 30}, {2, 8, 9, 4},
+                                                 {3, 16, 34, 33}};
+  for (const auto& shape : shapes) {
+    const auto x = values_with_non_finite(shape, dtype).contiguous(format);
+    const auto before = x.clone();
+    for (const auto& c : kOverlapping) {
+      SCOPED_TRACE(::testing::Message() << "shape " << x.sizes() << " kernel " << c.kernel << " stride " << c.stride
+                                        << " padding " << c.padding << " ceil_mode " << c.ceil_mode);
+      const torch::NoGradGuard no_grad;
+      const auto expected = torch_relu_max_pool2d(x, options_of(c));
+      const auto first = relu_max_pool2d(x, options_of(c));
+      EXPECT_TRUE(Identical(first, expected));
+      EXPECT_TRUE(first.is_contiguous(format)) << "output is not " << format_name(format);
+      EXPECT_TRUE(Identical(relu_max_pool2d(x, options_of(c)), first)) << "second call";
+    }
+    EXPECT_TRUE(torch::equal(x.nan_to_num(), before.nan_to_num())) << "input changed";
+  }
+}
+
+TEST_P(ReluMaxPoolOverlapping, WithGradientRunsTorchsComposition) {
+  const auto& [dtype, format] = GetParam();
+  torch::manual_seed(13);
+  const auto x = torch::randn({2, 5, 11, 12}).to(dtype).contiguous(format);
+  const auto options = options_of(kOverlapping.front());
+  const auto grad_out = torch::randn_like(torch_relu_max_pool2d(x, options));
+  const auto actual = fused(x, grad_out, options);
+  const auto expected = same_dtype_reference(x, grad_out, options);
+  EXPECT_FALSE(Contains(actual.backward_node, kFusedNode));
+  EXPECT_TRUE(Identical(actual.out, expected.out));
+  EXPECT_TRUE(Identical(actual.grad, expected.grad));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ReluMaxPoolOverlapping,
+                         ::testing::Combine(::testing::Values(torch::kFloat, torch::kBFloat16, torch::kDouble),
+                                            ::testing::Values(at::MemoryFormat::Contiguous,
+                                                              at::MemoryFormat::ChannelsLast)),
+                         exact_case_name);
+
+TEST(ReluMaxPool, OverlappingWindowsSameResultsOnOneAndTwoThreads) {
+  torch::manual_seed(14);
+  const auto x = values_with_non_finite({4, 8, 29, 31}, torch::kFloat);
+  const auto options = options_of(kOverlapping.front());
+  const torch::NoGradGuard no_grad;
+  torch::Tensor one, two;
+  {
+    ThreadsGuard threads(1);
+    one = relu_max_pool2d(x, options);
+  }
+  {
+    ThreadsGuard threads(2);
+    two = relu_max_pool2d(x, options);
+  }
+  EXPECT_TRUE(Identical(one, two));
+}
+
+// oneDNN tensors, as an optimized inference graph holds them: a convolution's output in oneDNN's
+// channel-blocked layout (6 and 20 channels pad their last block with zeros, 32 do not) and a
+// plain tensor from to_mkldnn. The result stays a oneDNN tensor, in its input's layout.
+TEST(ReluMaxPool, OnOnednnTensorsMatchesTorchOnDenseOnes) {
+  torch::manual_seed(15);
+  for (const int64_t channels : {6, 20, 32}) {
+    const auto images = values_with_non_finite({3, 4, 13, 14}, torch::kFloat);
+    const auto weight = torch::randn({channels, 4, 3, 3});
+    const torch::NoGradGuard no_grad;
+    const auto blocked = torch::mkldnn_convolution(images.to_mkldnn(), weight.to_mkldnn(), {}, {1, 1}, {1, 1},
+                                                   {1, 1}, 1);
+    const auto plain = values_with_non_finite({2, channels, 9, 10}, torch::kFloat);
+    for (const auto& [name, x] : {std::pair<const char*, torch::Tensor>{"blocked", blocked}, {"plain", plain.to_mkldnn()}}) {
+      for (const auto& c : kOverlapping) {
+        SCOPED_TRACE(::testing::Message() << name << ", " << channels << " channels, kernel " << c.kernel
+                                          << " stride " << c.stride << " padding " << c.padding);
+        const auto before = x.to_dense();
+        const auto out = relu_max_pool2d(x, options_of(c));
+        ASSERT_TRUE(out.is_mkldnn());
+        EXPECT_EQ(onednn_images(out)->depth, onednn_images(x)->depth) << "not pooled in its own layout";
+        EXPECT_TRUE(Identical(out.to_dense(), torch_relu_max_pool2d(before, options_of(c))));
+        EXPECT_TRUE(Identical(x.to_dense(), before)) << "input changed";
+        // The next oneDNN op reads padding channels: they must stay zero.
+        const auto next = torch::mkldnn_convolution(out, torch::ones({1, channels, 1, 1}).to_mkldnn(), {}, {0, 0},
+                                                    {1, 1}, {1, 1}, 1);
+        EXPECT_TRUE(Identical(next.to_dense(), torch::conv2d(out.to_dense(), torch::ones({1, channels, 1, 1}))));
+      }
+      EXPECT_TRUE(Identical(relu_max_pool2d(x, 2).to_dense(), torch_relu_max_pool2d(x.to_dense(), 2)))
+          << name << ": tiling windows";
+    }
+  }
 }
 
 // A model's cnn block, unfused and fused, with shared parameters.

@@ -19,7 +19,7 @@ namespace afterburner::infer {
 
 // Rewrites the ops on the graph's oneDNN tensors (between aten::to_mkldnn and aten::to_dense)
 // whose results differ from LibTorch's dense ops:
-//   relu then max_pool2d   -> afterburner::relu_max_pool2d on the dense tensor
+//   relu then max_pool2d   -> afterburner::relu_max_pool2d on oneDNN's buffer (one op)
 //   any other relu         -> ATen's clamp(x, 0, inf) on oneDNN's buffer, in place, where the
 //                             tensor has no padding channels; else the dense relu
 //   hardtanh, relu6, clamp, hardswish, hardsigmoid on padded channels -> their dense op

@@ -13,9 +13,13 @@
 //       ...);
 //
 // Fast path: fp32, bf16 or fp64; 4-D, contiguous in NCHW or channels_last (the output keeps the
-// input's memory format); kernel == stride <= 15, no padding or dilation. Anything else runs
-// torch's relu + max_pool2d with the same options. Ties and NaNs follow torch: the first maximal
-// element in row-major order wins, a NaN anywhere in the window makes the output NaN.
+// input's memory format); kernel == stride <= 15, no padding or dilation. Overlapping or padded
+// windows (ResNet's 3x3 stride-2 padding-1 pool; dilation 1) take a kernel of ours where no
+// gradient is recorded (inference), torch's composition where one is. oneDNN tensors
+// (`to_mkldnn()`, an optimized inference graph's) pool in their own layout and stay oneDNN
+// tensors. Anything else runs torch's relu + max_pool2d with the same options. Ties and NaNs
+// follow torch: the first maximal element in row-major order wins, a NaN anywhere in the window
+// makes the output NaN.
 #pragma once
 
 #include <torch/arg.h>
