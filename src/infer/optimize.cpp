@@ -17,6 +17,7 @@
 #include "afterburner/infer/model_file.h"
 #include "afterburner/infer/non_finite.h"
 #include "afterburner/infer/onednn_checks.h"
+#include "afterburner/infer/onednn_graph.h"
 #include "afterburner/infer/onednn_linear.h"
 
 namespace afterburner::infer {
@@ -271,7 +272,10 @@ Module prepare_for_inference(const Module& optimized) {
   Module prepared = torch::jit::optimize_for_inference(frozen);
   auto graph = prepared.get_method("forward").graph();
   route_matmuls_to_onednn(graph);
+  multiply_broadcasts_on_onednn(graph);
   propagate_non_finite_as_aten(graph);
+  run_silu_on_onednn(graph);
+  read_sizes_on_onednn(graph);  // last: the rewrites above convert relus' outputs to read their sizes
   return prepared;
 }
 

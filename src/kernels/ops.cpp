@@ -102,6 +102,9 @@ TORCH_LIBRARY(afterburner, m) {
   register_kernels<relu_max_pool2d_op>(m, "relu_max_pool2d");
   // On oneDNN tensors too (an optimized inference graph's), in their own layout.
   m.impl("relu_max_pool2d", torch::dispatch(c10::DispatchKey::MkldnnCPU, TORCH_FN(WithoutGrad<relu_max_pool2d_op>::call)));
+  // a * b with broadcasting, as aten::mul; on oneDNN tensors a [N, C, 1, 1] scale of a [N, C, H, W]
+  // tensor multiplies in the big one's layout (kernels/onednn_elementwise.cpp).
+  m.def("broadcast_mul(Tensor a, Tensor b) -> Tensor");
   // relu(x weight^T + bias), as relu(linear(x, weight, bias)).
   m.def("linear_relu(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   register_kernels<linear_relu_op>(m, "linear_relu");

@@ -58,11 +58,6 @@ jit::Module model_with(const std::string& expression, int64_t channels) {
   return module;
 }
 
-torch::Tensor answer(jit::Module& module, const torch::Tensor& x) {
-  c10::InferenceMode inference;
-  return module.forward({x}).toTensor();
-}
-
 std::shared_ptr<jit::Graph> onednn_graph(const std::string& expression, int64_t channels) {
   jit::Module frozen = jit::freeze(model_with(expression, channels));
   return jit::optimize_for_inference(frozen).get_method("forward").graph();
@@ -117,42 +112,37 @@ std::vector<BetweenConvolutions> onednn_ops() {
 INSTANTIATE_TEST_SUITE_P(OnOnednn, NonFinite, ::testing::ValuesIn(onednn_ops()),
                          [](const ::testing::TestParamInfo<BetweenConvolutions>& info) { return info.param.name; });
 
-// The fused pooling's input, as the prepared graph computes it.
-const char* relu_max_pool2d_input_kind(jit::Module& prepared) {
+// The input of the graph's first `kind` node, as the prepared graph computes it.
+const char* input_kind(jit::Module prepared, const char* kind) {
   for (const jit::Node* node : prepared.get_method("forward").graph()->nodes()) {
-    if (node->kind().toQualString() == std::string("afterburner::relu_max_pool2d")) {
-      return node->input(0)->node()->kind().toQualString();
-    }
+    if (node->kind().toQualString() == std::string(kind)) return node->input(0)->node()->kind().toQualString();
   }
-  return "no afterburner::relu_max_pool2d";
+  return "none";
 }
 
-// The rewrites themselves: a relu before a max_pool2d fuses with it on oneDNN's buffer (padded
-// channels or not), other relus stay on oneDNN's buffer where it has no padding channels, and so
-// do hardtanh and the like.
-TEST(NonFiniteRewrites, ReluPoolFusesOtherOpsStayOnOnednnWherePossible) {
+// The rewrites themselves: a relu before a max_pool2d fuses with it, other relus become
+// hardtanh(x, 0, inf), and hardtanh and the like their ATen ops, all on oneDNN's buffer whether it
+// has padding channels or not (6 channels do, 16 do not).
+TEST(NonFiniteRewrites, ReluPoolFusesOtherOpsStayOnOnednn) {
   for (const int64_t channels : {6, 16}) {
     for (const char* pool : {"[2, 2], [2, 2]", "[3, 3], [2, 2], [1, 1]"}) {
       SCOPED_TRACE(fmt::format("{} channels, max_pool2d({})", channels, pool));
       jit::Module pooled = jit::freeze(model_with(fmt::format("torch.max_pool2d(torch.relu(y), {})", pool), channels));
       jit::Module prepared = infer::prepare_for_inference(pooled);
-      EXPECT_STREQ(relu_max_pool2d_input_kind(prepared), "prim::mkldnn_convolution");
+      EXPECT_STREQ(input_kind(prepared, "afterburner::relu_max_pool2d"), "prim::mkldnn_convolution");
       EXPECT_FALSE(graph_has(prepared, "aten::relu_"));
       EXPECT_FALSE(graph_has(prepared, "aten::max_pool2d"));
     }
+    SCOPED_TRACE(fmt::format("{} channels", channels));
+    jit::Module relu = jit::freeze(model_with("torch.relu(y)", channels));
+    jit::Module clamped = infer::prepare_for_inference(relu);
+    EXPECT_STREQ(input_kind(clamped, "aten::hardtanh_"), "prim::mkldnn_convolution");
+    EXPECT_FALSE(graph_has(clamped, "aten::relu_"));
+    jit::Module hardswish = jit::freeze(model_with("torch.hardswish(y)", channels));
+    EXPECT_STREQ(input_kind(infer::prepare_for_inference(hardswish), "aten::hardswish_"), "prim::mkldnn_convolution");
+    auto relu6 = onednn_graph("torch.hardtanh(y, 0.0, 6.0)", channels);
+    EXPECT_EQ(infer::propagate_non_finite_as_aten(relu6), 1);
   }
-
-  jit::Module relu = jit::freeze(model_with("torch.relu(y)", 16));
-  jit::Module clamped = infer::prepare_for_inference(relu);
-  EXPECT_TRUE(graph_has(clamped, "prim::MKLDNNHardTanh_"));
-  EXPECT_FALSE(graph_has(clamped, "aten::relu_"));
-  jit::Module padded_relu = jit::freeze(model_with("torch.relu(y)", 6));
-  EXPECT_TRUE(graph_has(infer::prepare_for_inference(padded_relu), "aten::relu_"));
-
-  auto padded = onednn_graph("torch.hardtanh(y, 0.0, 6.0)", 6);
-  EXPECT_EQ(infer::propagate_non_finite_as_aten(padded), 1);
-  auto unpadded = onednn_graph("torch.hardtanh(y, 0.0, 6.0)", 16);
-  EXPECT_EQ(infer::propagate_non_finite_as_aten(unpadded), 0);
   auto tanh = onednn_graph("torch.tanh(y)", 6);
   EXPECT_EQ(infer::propagate_non_finite_as_aten(tanh), 0);
 }

@@ -13,11 +13,6 @@ namespace {
 using infer::OptimizeOptions;
 using infer::Precision;
 
-torch::Tensor forward(torch::jit::Module& model, const torch::Tensor& input) {
-  c10::InferenceMode inference;
-  return model.forward({input}).toTensor();
-}
-
 bool any_pass_contains(const infer::OptimizeResult& result, const std::string& text) {
   for (const auto& pass : result.passes) {
     if (pass.find(text) != std::string::npos) return true;
@@ -29,17 +24,17 @@ TEST(Optimize, FoldsBatchNormAndRemovesDropoutKeepingOutputs) {
   auto model = conv_bn_dropout_model();
   auto input = torch::randn({16, 1, 8, 8});
   model.eval();
-  auto expected = forward(model, input);
+  auto expected = answer(model, input);
   model.train();  // as saved by a user who forgot eval(): optimize must still serve inference
 
   auto result = infer::optimize(model);
-  EXPECT_TRUE(torch::allclose(forward(result.model, input), expected, 1e-4, 1e-5));
+  EXPECT_TRUE(torch::allclose(answer(result.model, input), expected, 1e-4, 1e-5));
   EXPECT_FALSE(graph_has(result.model, "aten::batch_norm"));
   EXPECT_FALSE(graph_has(result.model, "aten::dropout"));
   EXPECT_TRUE(any_pass_contains(result, "dropout removal: 1 of 1 removed"));
   EXPECT_TRUE(any_pass_contains(result, "BatchNorm: 1 of 1 removed"));
   auto prepared = infer::prepare_for_inference(result.model);
-  EXPECT_TRUE(torch::allclose(forward(prepared, input), expected, 1e-4, 1e-5));
+  EXPECT_TRUE(torch::allclose(answer(prepared, input), expected, 1e-4, 1e-5));
   EXPECT_TRUE(graph_has(model, "aten::batch_norm")) << "the input model must stay as it was";
   EXPECT_TRUE(model.is_training());
 }
@@ -48,12 +43,12 @@ TEST(Optimize, Bf16FoldsBatchNormToo) {
   auto model = conv_bn_dropout_model();
   model.eval();
   auto input = torch::randn({16, 1, 8, 8});
-  auto expected = forward(model, input);
+  auto expected = answer(model, input);
   auto result = infer::optimize(model, OptimizeOptions().precision(Precision::bf16));
   EXPECT_FALSE(graph_has(result.model, "aten::batch_norm"));
   EXPECT_FALSE(graph_has(result.model, "aten::dropout"));
   // bf16 keeps 8 significant bits: logits of size ~1 move by a few 1e-3 per rounding.
-  EXPECT_TRUE(torch::allclose(forward(result.model, input), expected, 0.05, 0.05));
+  EXPECT_TRUE(torch::allclose(answer(result.model, input), expected, 0.05, 0.05));
 }
 
 TEST(Optimize, Fp32ZooModelsMatchTheirExport) {
@@ -62,8 +57,8 @@ TEST(Optimize, Fp32ZooModelsMatchTheirExport) {
     auto model = trained_zoo_model(name);
     auto result = infer::optimize(model);
     auto prepared = infer::prepare_for_inference(result.model);
-    EXPECT_TRUE(torch::allclose(forward(result.model, input), forward(model, input), 1e-4, 1e-4)) << name;
-    EXPECT_TRUE(torch::allclose(forward(prepared, input), forward(model, input), 1e-4, 1e-4)) << name;
+    EXPECT_TRUE(torch::allclose(answer(result.model, input), answer(model, input), 1e-4, 1e-4)) << name;
+    EXPECT_TRUE(torch::allclose(answer(prepared, input), answer(model, input), 1e-4, 1e-4)) << name;
   }
   // The convolutions run on oneDNN's layout once prepared.
   auto cnn = infer::optimize(trained_zoo_model("cnn")).model;
@@ -81,11 +76,11 @@ TEST(Optimize, SavedModelLoadsAndComputesTheSame) {
       infer::save_model(result.model, path);
       auto loaded = infer::load_model(path);
       const auto label = name + " " + infer::to_string(precision);
-      EXPECT_TRUE(torch::equal(forward(loaded, input), forward(result.model, input))) << label;
+      EXPECT_TRUE(torch::equal(answer(loaded, input), answer(result.model, input))) << label;
       // oneDNN's kernels round differently from ATen's, by up to a bf16 ulp of the logits in bf16.
       auto prepared = infer::load_optimized(path);
       const double tolerance = precision == Precision::bf16 ? 0.1 : 1e-4;
-      EXPECT_TRUE(torch::allclose(forward(prepared, input), forward(result.model, input), tolerance, tolerance))
+      EXPECT_TRUE(torch::allclose(answer(prepared, input), answer(result.model, input), tolerance, tolerance))
           << label;
     }
   }
@@ -96,8 +91,8 @@ double top1_agreement(const std::string& name, Precision precision) {
   auto model = trained_zoo_model(name);
   auto images = fashion_mnist_images("t10k", 2000);
   auto result = infer::optimize(model, OptimizeOptions().precision(precision));
-  auto expected = forward(model, images).argmax(1);
-  auto actual = forward(result.model, images).argmax(1);
+  auto expected = answer(model, images).argmax(1);
+  auto actual = answer(result.model, images).argmax(1);
   return expected.eq(actual).to(torch::kDouble).mean().item<double>();
 }
 
@@ -187,7 +182,7 @@ TEST(PrepareForInference, RefusesConvolutionsOneDnnCannotLayOut) {
   const torch::Tensor input = torch::randn({3, 1, 8, 8});
   auto prepared = infer::prepare_for_inference(model);
   EXPECT_TRUE(graph_has(prepared, "prim::mkldnn_convolution"));
-  EXPECT_TRUE(torch::allclose(forward(prepared, input), forward(model, input), 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(answer(prepared, input), answer(model, input), 1e-5, 1e-5));
 }
 
 TEST(Optimize, PrecisionNamesRoundTripAndBadOnesNameTheField) {

@@ -22,6 +22,9 @@ torch::jit::Module trained_zoo_model(const std::string& name);
 torch::Tensor fashion_mnist_images(const std::string& split, int64_t count);
 torch::Tensor fashion_mnist_labels(const std::string& split, int64_t count);
 
+// The model's answer to `x` under InferenceMode, as serving computes it.
+torch::Tensor answer(torch::jit::Module& model, const torch::Tensor& x);
+
 // Whether the forward graph, with method calls inlined, holds a node of `kind` ("aten::relu").
 bool graph_has(const torch::jit::Module& model, const std::string& kind);
 

@@ -20,9 +20,9 @@ namespace afterburner::infer {
 // Rewrites the ops on the graph's oneDNN tensors (between aten::to_mkldnn and aten::to_dense)
 // whose results differ from LibTorch's dense ops:
 //   relu then max_pool2d   -> afterburner::relu_max_pool2d on oneDNN's buffer (one op)
-//   any other relu         -> ATen's clamp(x, 0, inf) on oneDNN's buffer, in place, where the
-//                             tensor has no padding channels; else the dense relu
-//   hardtanh, relu6, clamp, hardswish, hardsigmoid on padded channels -> their dense op
+//   any other relu         -> hardtanh(x, 0, inf) on oneDNN's buffer (in place if the relu was)
+//   hardtanh, relu6, clamp, hardswish, hardsigmoid -> their ATen op on oneDNN's buffer, which
+//                             our MkldnnCPU kernels compute over the whole buffer
 //   other ops not known to propagate as LibTorch's do (max pooling, sigmoid, ...) -> their
 //                             dense LibTorch op
 // Finite inputs give the same results as before, up to the sign of zero (and, for the ops on

@@ -1,0 +1,38 @@
+// Rewrites of the graphs optimize_for_inference lays out on oneDNN that spare whole conversions of
+// activations between oneDNN's layouts and dense tensors. The rewritten graph runs in this process
+// only (it calls ops this library registers), as optimize_for_inference's does.
+//
+//   auto module = torch::jit::optimize_for_inference(frozen);
+//   auto graph = module.get_method("forward").graph();
+//   afterburner::infer::multiply_broadcasts_on_onednn(graph);
+//   afterburner::infer::run_silu_on_onednn(graph);
+//   afterburner::infer::read_sizes_on_onednn(graph);
+#pragma once
+
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <memory>
+
+namespace afterburner::infer {
+
+// x * scale, x [N, C, H, W] and scale [N, C, 1, 1] (a squeeze-and-excitation block's, as in every
+// block of MobileNetV3 and EfficientNet), is prim::BroadcastMKLDNNTensors, which expands the scale
+// to a full oneDNN tensor through a dense one, then oneDNN's product. Rewrites aten::mul and
+// aten::mul_ of its two outputs as afterburner::broadcast_mul of its inputs, which multiplies in
+// x's layout. Returns how many products were rewritten.
+int multiply_broadcasts_on_onednn(std::shared_ptr<torch::jit::Graph>& graph);
+
+// optimize_for_inference runs silu (EfficientNet's every activation) on a dense copy of the
+// convolution's output, then converts the result back for the next convolution. Runs it as
+// aten::silu on the oneDNN tensor instead (our MkldnnCPU kernel, ATen's maths over oneDNN's
+// buffer), out of place: the oneDNN tensor may have other readers. Its result goes to dense
+// tensors only for readers that are not oneDNN's. Returns how many silus were moved.
+int run_silu_on_onednn(std::shared_ptr<torch::jit::Graph>& graph);
+
+// optimize_for_inference converts a oneDNN tensor to a dense one to read its sizes (a size() in
+// the model's code: MobileNetV3's and EfficientNet's blocks): aten::size and aten::dim read the
+// oneDNN tensor instead, and the conversion goes where nothing else reads it. Returns how many
+// reads were rewritten.
+int read_sizes_on_onednn(std::shared_ptr<torch::jit::Graph>& graph);
+
+}  // namespace afterburner::infer

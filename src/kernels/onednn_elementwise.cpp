@@ -1,0 +1,190 @@
+// ATen's elementwise activations on oneDNN tensors (`to_mkldnn()`, an optimized inference graph's),
+// registered with the dispatcher for the MkldnnCPU key, which LibTorch 1.13 leaves without them:
+// hardswish, hardsigmoid, hardtanh, clamp and silu, in place or not. Each runs ATen's own dense
+// kernel over the tensor's whole buffer, in oneDNN's layout (blocked or plain), so values, NaN and
+// infinities are ATen's, and the result stays a oneDNN tensor without a round trip through a
+// dense one; padding channels (a blocked layout's last block) are set back to 0 afterwards.
+// Linking afterburner is all it takes (no header):
+//
+//   auto y = torch::mkldnn_convolution(x.to_mkldnn(), w.to_mkldnn(), {}, {1, 1}, {1, 1}, {1, 1}, 1);
+//   auto z = torch::hardswish(y);                         // a oneDNN tensor, as y's layout
+//   torch::hardtanh_(y, 0.0, std::numeric_limits<double>::infinity());   // relu that keeps NaN
+//
+// infer::propagate_non_finite_as_aten moves an optimized graph's activations onto these.
+//
+// And afterburner::broadcast_mul(a, b), a * b with ATen's broadcasting, whose oneDNN kernel
+// multiplies a [N, C, H, W] tensor by a [N, C, 1, 1] one (a squeeze-and-excitation's scale) in
+// the big one's layout, where LibTorch expands the small one to a full oneDNN tensor through a
+// dense one first (prim::BroadcastMKLDNNTensors); infer::multiply_broadcasts_on_onednn rewrites
+// optimized graphs to it.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "afterburner/core/onednn_tensor.h"
+
+namespace afterburner::kernels {
+namespace {
+
+// The whole buffer of `images` as a flat dense tensor of `like`'s dtype.
+at::Tensor flat_buffer(const OnednnImages& images, const at::Tensor& like) {
+  const int64_t count = images.images * images.height * images.width * images.depth;
+  return at::from_blob(images.data, {count}, like.options().layout(at::kStrided));
+}
+
+// Channel-blocked layouts pad the last block of each image with channels beyond `channels`:
+// zero them, as oneDNN keeps them (the next convolution reads them).
+void zero_padding(const OnednnImages& images, int64_t channels) {
+  if (images.padded_channels == channels) return;
+  const int64_t element = at::elementSize(images.dtype);
+  const int64_t blocks = images.padded_channels / images.depth;
+  const int64_t real = channels % images.depth;
+  auto* data = static_cast<char*>(images.data);
+  const int64_t positions = images.height * images.width;
+  for (int64_t image = blocks - 1; image < images.images; image += blocks) {
+    for (int64_t position = 0; position < positions; ++position) {
+      char* block = data + ((image * positions + position) * images.depth + real) * element;
+      std::memset(block, 0, (images.depth - real) * element);
+    }
+  }
+}
+
+// out = op(x) elementwise (apply(out, x) writes op(x) into out, both dense), a new oneDNN
+// tensor in x's layout; other oneDNN tensors than OnednnImages go through dense ones.
+template <typename Apply>
+at::Tensor out_of_place(const at::Tensor& x, const Apply& apply) {
+  const auto images = onednn_images(x);
+  if (!images) {
+    const at::Tensor dense = x.to_dense();
+    at::Tensor out = at::empty_like(dense);
+    apply(out, dense);
+    return out.to_mkldnn();
+  }
+  at::Tensor out = empty_onednn_images(x, x.sizes());
+  const auto out_images = *onednn_images(out);
+  apply(flat_buffer(out_images, out), flat_buffer(*images, x));
+  zero_padding(out_images, x.size(1));
+  return out;
+}
+
+// x = op(x) elementwise.
+template <typename Apply>
+at::Tensor& in_place(at::Tensor& x, const Apply& apply) {
+  const auto images = onednn_images(x);
+  if (!images) {
+    x.copy_(out_of_place(x, apply));
+    return x;
+  }
+  at::Tensor flat = flat_buffer(*images, x);
+  apply(flat, flat);
+  zero_padding(*images, x.size(1));
+  return x;
+}
+
+// The ops' maths, each ATen's own: apply(out, x).
+void hardswish(at::Tensor out, const at::Tensor& x) { at::hardswish_out(out, x); }
+void hardsigmoid(at::Tensor out, const at::Tensor& x) { at::hardsigmoid_out(out, x); }
+void silu(at::Tensor out, const at::Tensor& x) { at::silu_out(out, x); }
+
+template <void (*apply)(at::Tensor, const at::Tensor&)>
+at::Tensor unary(const at::Tensor& x) {
+  return out_of_place(x, apply);
+}
+
+template <void (*apply)(at::Tensor, const at::Tensor&)>
+at::Tensor& unary_(at::Tensor& x) {
+  return in_place(x, apply);
+}
+
+at::Tensor hardtanh(const at::Tensor& x, const at::Scalar& min, const at::Scalar& max) {
+  return out_of_place(x, [&](at::Tensor out, const at::Tensor& in) { at::hardtanh_out(out, in, min, max); });
+}
+
+at::Tensor& hardtanh_(at::Tensor& x, const at::Scalar& min, const at::Scalar& max) {
+  return in_place(x, [&](at::Tensor out, const at::Tensor& in) { at::hardtanh_out(out, in, min, max); });
+}
+
+at::Tensor clamp(const at::Tensor& x, const c10::optional<at::Scalar>& min, const c10::optional<at::Scalar>& max) {
+  return out_of_place(x, [&](at::Tensor out, const at::Tensor& in) { at::clamp_out(out, in, min, max); });
+}
+
+at::Tensor& clamp_(at::Tensor& x, const c10::optional<at::Scalar>& min, const c10::optional<at::Scalar>& max) {
+  return in_place(x, [&](at::Tensor out, const at::Tensor& in) { at::clamp_out(out, in, min, max); });
+}
+
+// Whether `scale` is [N, C, 1, 1] for `x` [N, C, H, W] of the same dtype.
+bool scales_channels_of(const at::Tensor& scale, const at::Tensor& x) {
+  return scale.dim() == 4 && x.dim() == 4 && scale.size(0) == x.size(0) && scale.size(1) == x.size(1) &&
+         scale.size(2) == 1 && scale.size(3) == 1 && scale.scalar_type() == x.scalar_type();
+}
+
+// out = x * scale[n, c] on x's buffer: image i of `images` is channel block i % G of sample i / G
+// (G = padded_channels / depth blocks a sample); its lane l is channel (i % G) * depth + l, and
+// padding lanes (channels past C) are multiplied by 0.
+template <typename scalar_t>
+void scale_channels(const OnednnImages& images, int64_t channels, const scalar_t* scale, const scalar_t* x,
+                    scalar_t* out) {
+  const int64_t blocks = images.padded_channels / images.depth;
+  const int64_t positions = images.height * images.width;
+  const int64_t image_size = positions * images.depth;
+  at::parallel_for(0, images.images, std::max<int64_t>(1, 32768 / image_size), [&](int64_t begin, int64_t end) {
+    std::vector<scalar_t> lanes(images.depth);
+    for (int64_t image = begin; image < end; ++image) {
+      const int64_t sample = image / blocks, first_channel = (image % blocks) * images.depth;
+      for (int64_t l = 0; l < images.depth; ++l) {
+        const int64_t channel = first_channel + l;
+        lanes[l] = channel < channels ? scale[sample * channels + channel] : scalar_t(0);
+      }
+      const scalar_t* in = x + image * image_size;
+      scalar_t* to = out + image * image_size;
+      for (int64_t position = 0; position < positions; ++position) {
+        const int64_t at = position * images.depth;
+        for (int64_t l = 0; l < images.depth; ++l) to[at + l] = in[at + l] * lanes[l];
+      }
+    }
+  });
+}
+
+at::Tensor broadcast_mul_onednn(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() == b.sizes()) return at::mul(a, b);
+  const bool a_scales = scales_channels_of(a, b);
+  const at::Tensor& x = a_scales ? b : a;
+  const at::Tensor& scale = a_scales ? a : b;
+  const auto images = onednn_images(x);
+  if (!images || !scales_channels_of(scale, x)) return at::mul(a.to_dense(), b.to_dense()).to_mkldnn();
+  const at::Tensor dense_scale = scale.to_dense().contiguous();
+  at::Tensor out = empty_onednn_images(x, x.sizes());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "broadcast_mul", [&] {
+    scale_channels(*images, x.size(1), dense_scale.data_ptr<scalar_t>(), static_cast<const scalar_t*>(images->data),
+                   static_cast<scalar_t*>(onednn_images(out)->data));
+  });
+  return out;
+}
+
+at::Tensor broadcast_mul_dense(const at::Tensor& a, const at::Tensor& b) { return at::mul(a, b); }
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(afterburner, CPU, m) { m.impl("broadcast_mul", TORCH_FN(broadcast_mul_dense)); }
+
+TORCH_LIBRARY_IMPL(afterburner, MkldnnCPU, m) { m.impl("broadcast_mul", TORCH_FN(broadcast_mul_onednn)); }
+
+TORCH_LIBRARY_IMPL(aten, MkldnnCPU, m) {
+  m.impl("hardswish", TORCH_FN(unary<hardswish>));
+  m.impl("hardswish_", TORCH_FN(unary_<hardswish>));
+  m.impl("hardsigmoid", TORCH_FN(unary<hardsigmoid>));
+  m.impl("hardsigmoid_", TORCH_FN(unary_<hardsigmoid>));
+  m.impl("silu", TORCH_FN(unary<silu>));
+  m.impl("silu_", TORCH_FN(unary_<silu>));
+  m.impl("hardtanh", TORCH_FN(hardtanh));
+  m.impl("hardtanh_", TORCH_FN(hardtanh_));
+  m.impl("clamp", TORCH_FN(clamp));
+  m.impl("clamp_", TORCH_FN(clamp_));
+}
+
+}  // namespace afterburner::kernels

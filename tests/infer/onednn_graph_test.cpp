@@ -1,0 +1,123 @@
+// The oneDNN graph rewrites of prepare_for_inference (infer/onednn_graph.h) on blocks written as
+// users write them: a squeeze-and-excitation block (torchvision's SqueezeExcitation: the scale
+// from adaptive_avg_pool2d(x, 1) through two 1x1 convolutions, relu and hardsigmoid, times x)
+// multiplies on oneDNN's layout and reads sizes without a conversion; silu between convolutions
+// runs on oneDNN's layout. The prepared models answer as LibTorch's ops, at batch 1, 2 and 7, NaN
+// and infinities included.
+#include "afterburner/infer/onednn_graph.h"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/jit/passes/freeze_module.h>
+#include <torch/script.h>
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "afterburner/infer/optimize.h"
+#include "non_finite.h"
+#include "test_models.h"
+
+namespace afterburner::testing {
+namespace {
+namespace jit = torch::jit;
+
+// x [N, 3, 8, 8] -> conv3x3 -> relu -> squeeze-and-excitation -> conv3x3, `channels` wide in the
+// middle (6 and 20 pad oneDNN's channel blocks, 16 does not).
+jit::Module squeeze_excitation(int64_t channels) {
+  torch::manual_seed(0);
+  jit::Module module("__torch__.SqueezeExcitation");
+  module.register_parameter("w1", torch::randn({channels, 3, 3, 3}) * 0.3, false);
+  module.register_parameter("b1", torch::randn({channels}) * 0.1, false);
+  module.register_parameter("fc1", torch::randn({4, channels, 1, 1}) * 0.3, false);
+  module.register_parameter("fc1_bias", torch::randn({4}) * 0.1, false);
+  module.register_parameter("fc2", torch::randn({channels, 4, 1, 1}) * 0.3, false);
+  module.register_parameter("fc2_bias", torch::randn({channels}) * 0.1, false);
+  module.register_parameter("w2", torch::randn({5, channels, 3, 3}) * 0.3, false);
+  module.define(
+      "def forward(self, x):\n"
+      "    y = torch.relu(torch.conv2d(x, self.w1, self.b1, [1, 1], [1, 1], [1, 1], 1))\n"
+      "    scale = torch.adaptive_avg_pool2d(y, [1, 1])\n"
+      "    scale = torch.relu(torch.conv2d(scale, self.fc1, self.fc1_bias, [1, 1], [0, 0], [1, 1], 1))\n"
+      "    scale = torch.hardsigmoid(torch.conv2d(scale, self.fc2, self.fc2_bias, [1, 1], [0, 0], [1, 1], 1))\n"
+      "    y = scale * y\n"
+      "    assert y.size(1) == scale.size(1)\n"
+      "    return torch.conv2d(y, self.w2, None, [1, 1], [1, 1], [1, 1], 1)\n");
+  module.eval();
+  return module;
+}
+
+int count(const jit::Module& module, const char* kind) {
+  int n = 0;
+  for (const jit::Node* node : module.get_method("forward").graph()->nodes()) {
+    n += node->kind().toQualString() == std::string(kind);
+  }
+  return n;
+}
+
+TEST(OnednnGraph, SqueezeExcitationMultipliesOnOnednnAndAnswersAsLibTorch) {
+  for (const int64_t channels : {6, 16, 20}) {
+    SCOPED_TRACE(fmt::format("{} channels", channels));
+    jit::Module module = squeeze_excitation(channels);
+    jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
+    EXPECT_EQ(count(prepared, "afterburner::broadcast_mul"), 1);
+    EXPECT_EQ(count(prepared, "prim::BroadcastMKLDNNTensors"), 0);
+    // One conversion to dense: the output's. None for the sizes.
+    EXPECT_EQ(count(prepared, "aten::to_dense"), 1);
+    // Images with NaN, +inf, -inf, then finite ones: batch 1 finite, 2 with -inf, 7 all.
+    const torch::Tensor images = torch::cat({images_with_non_finite({3, 8, 8}, 100), torch::randn({3, 3, 8, 8})});
+    for (const int64_t batch : {1, 2, 7}) {
+      const torch::Tensor x = images.slice(0, 7 - batch);
+      const torch::Tensor expected = answer(module, x);
+      EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "batch " << batch;
+      EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "second call, batch " << batch;
+    }
+  }
+}
+
+// conv3x3 -> silu -> conv3x3, as EfficientNet's blocks: `body` computes the output from `y`,
+// the first convolution's output.
+jit::Module silu_model(const std::string& body) {
+  torch::manual_seed(0);
+  jit::Module module("__torch__.Silu");
+  module.register_parameter("w1", torch::randn({20, 3, 3, 3}) * 0.3, false);
+  module.register_parameter("b1", torch::randn({20}) * 0.1, false);
+  module.register_parameter("w2", torch::randn({5, 20, 3, 3}) * 0.3, false);
+  module.define(
+      "def forward(self, x):\n"
+      "    y = torch.conv2d(x, self.w1, self.b1, [1, 1], [1, 1], [1, 1], 1)\n" +
+      body);
+  module.eval();
+  return module;
+}
+
+TEST(OnednnGraph, SiluRunsOnOnednnAndAnswersAsLibTorch) {
+  struct Case {
+    const char* name;
+    const char* body;
+    int conversions;  // aten::to_dense left in the prepared graph
+  };
+  const Case cases[] = {
+      {"between convolutions",
+       "    return torch.conv2d(torch.silu_(y), self.w2, None, [1, 1], [1, 1], [1, 1], 1)\n", 1},
+      {"read densely too",
+       "    s = torch.silu(y)\n"
+       "    return torch.conv2d(s, self.w2, None, [1, 1], [1, 1], [1, 1], 1) + s.sum()\n", 2}};
+  const torch::Tensor images = torch::cat({images_with_non_finite({3, 8, 8}, 100), torch::randn({3, 3, 8, 8})});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    jit::Module module = silu_model(c.body);
+    jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
+    EXPECT_EQ(count(prepared, "aten::to_dense"), c.conversions);
+    EXPECT_EQ(count(prepared, "aten::silu"), 1);
+    for (const int64_t batch : {1, 2, 7}) {
+      const torch::Tensor x = images.slice(0, 7 - batch);
+      const torch::Tensor expected = answer(module, x);
+      EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "batch " << batch;
+      EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "second call, batch " << batch;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace afterburner::testing

@@ -1,0 +1,190 @@
+// The MkldnnCPU kernels of kernels/onednn_elementwise.cpp, reached as users reach them: ATen's
+// ops called on oneDNN tensors. Each must equal the same ATen op on the dense tensor, NaN and
+// infinities included, keep the oneDNN layout and its zero padding channels, and leave the input
+// alone (out of place) or be the input (in place).
+#include <gtest/gtest.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "afterburner/core/onednn_tensor.h"
+
+namespace afterburner {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Activation {
+  std::string name;
+  std::function<torch::Tensor(const torch::Tensor&)> apply;
+  std::function<torch::Tensor(torch::Tensor&)> apply_;
+};
+
+std::vector<Activation> activations() {
+  namespace F = torch::nn::functional;
+  return {
+      {"hardswish", [](const torch::Tensor& x) { return torch::hardswish(x); },
+       [](torch::Tensor& x) { return torch::hardswish_(x); }},
+      // hardsigmoid(0) = 0.5: the padding channels must be set back to 0.
+      {"hardsigmoid", [](const torch::Tensor& x) { return torch::hardsigmoid(x); },
+       [](torch::Tensor& x) { return torch::hardsigmoid_(x); }},
+      {"silu", [](const torch::Tensor& x) { return torch::silu(x); }, [](torch::Tensor& x) { return torch::silu_(x); }},
+      {"hardtanh as relu", [](const torch::Tensor& x) { return torch::hardtanh(x, 0.0, kInf); },
+       [](torch::Tensor& x) { return torch::hardtanh_(x, 0.0, kInf); }},
+      {"relu6", [](const torch::Tensor& x) { return torch::hardtanh(x, 0.0, 6.0); },
+       [](torch::Tensor& x) { return torch::hardtanh_(x, 0.0, 6.0); }},
+      {"clamp above 0", [](const torch::Tensor& x) { return torch::clamp(x, 0.5); },
+       [](torch::Tensor& x) { return torch::clamp_(x, 0.5); }},
+      {"clamp", [](const torch::Tensor& x) { return torch::clamp(x, -1.0, 1.0); },
+       [](torch::Tensor& x) { return torch::clamp_(x, -1.0, 1.0); }},
+  };
+}
+
+torch::Tensor with_non_finite(torch::Tensor x) {
+  auto flat = x.view(-1);
+  flat.slice(0, 0, flat.numel(), 7).fill_(std::numeric_limits<double>::quiet_NaN());
+  flat.slice(0, 2, flat.numel(), 11).fill_(kInf);
+  flat.slice(0, 3, flat.numel(), 13).fill_(-kInf);
+  return x;
+}
+
+::testing::AssertionResult Identical(const torch::Tensor& actual, const torch::Tensor& expected) {
+  if (actual.sizes() == expected.sizes() && actual.scalar_type() == expected.scalar_type() &&
+      torch::allclose(actual, expected, 0, 0, /*equal_nan=*/true)) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "\n" << actual << "\nvs expected\n" << expected;
+}
+
+// A 1x1 convolution summing all channels: oneDNN reads the padding channels too.
+torch::Tensor channel_sum(const torch::Tensor& onednn) {
+  const auto ones = torch::ones({1, onednn.size(1), 1, 1});
+  return torch::mkldnn_convolution(onednn, ones.to_mkldnn(), {}, {0, 0}, {1, 1}, {1, 1}, 1).to_dense();
+}
+
+// oneDNN tensors as optimized graphs hold them: convolution outputs, channel-blocked (6 and 20
+// channels pad their last block, 32 do not), and plain ones from to_mkldnn (fp32 and bf16).
+std::vector<std::pair<std::string, torch::Tensor>> onednn_inputs() {
+  torch::manual_seed(0);
+  const torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, torch::Tensor>> inputs;
+  for (const int64_t channels : {6, 20, 32}) {
+    const auto images = with_non_finite(torch::randn({2, 3, 7, 9}));
+    inputs.emplace_back(std::to_string(channels) + " channels, blocked",
+                        torch::mkldnn_convolution(images.to_mkldnn(), torch::randn({channels, 3, 3, 3}).to_mkldnn(),
+                                                  {}, {1, 1}, {1, 1}, {1, 1}, 1));
+  }
+  inputs.emplace_back("plain", with_non_finite(torch::randn({3, 5, 4, 6}) * 4).to_mkldnn());
+  inputs.emplace_back("plain bf16", with_non_finite(torch::randn({2, 5, 4, 6}) * 4).to_mkldnn(torch::kBFloat16));
+  return inputs;
+}
+
+TEST(OnednnElementwise, OutOfPlaceEqualsATenOnDenseTensors) {
+  const torch::NoGradGuard no_grad;
+  for (const auto& [input_name, x] : onednn_inputs()) {
+    const auto before = x.to_dense();
+    for (const auto& activation : activations()) {
+      SCOPED_TRACE(activation.name + " on " + input_name);
+      const auto expected = activation.apply(before);
+      const auto first = activation.apply(x);
+      ASSERT_TRUE(first.is_mkldnn());
+      EXPECT_EQ(onednn_images(first)->depth, onednn_images(x)->depth) << "not in its input's layout";
+      EXPECT_TRUE(Identical(first.to_dense(), expected));
+      EXPECT_TRUE(Identical(activation.apply(x).to_dense(), first.to_dense())) << "second call";
+      EXPECT_TRUE(Identical(x.to_dense(), before)) << "input changed";
+      if (x.scalar_type() == torch::kFloat) {
+        EXPECT_TRUE(Identical(channel_sum(first), channel_sum(expected.to_mkldnn()))) << "padding channels";
+      }
+    }
+  }
+}
+
+TEST(OnednnElementwise, InPlaceWritesItsInput) {
+  const torch::NoGradGuard no_grad;
+  for (const auto& activation : activations()) {
+    for (const auto& [input_name, x] : onednn_inputs()) {
+      SCOPED_TRACE(activation.name + " on " + input_name);
+      const auto expected = activation.apply(x.to_dense());
+      torch::Tensor target = x;
+      const auto result = activation.apply_(target);
+      EXPECT_TRUE(result.is_same(target));
+      EXPECT_TRUE(Identical(target.to_dense(), expected));
+      if (x.scalar_type() == torch::kFloat) {
+        EXPECT_TRUE(Identical(channel_sum(target), channel_sum(expected.to_mkldnn()))) << "padding channels";
+      }
+    }
+  }
+}
+
+// Other ranks than images go through a dense tensor: same values, still a oneDNN tensor.
+TEST(OnednnElementwise, OtherRanksGoThroughDenseTensors) {
+  const torch::NoGradGuard no_grad;
+  const auto x = with_non_finite(torch::randn({4, 6}) * 4);
+  for (const auto& activation : activations()) {
+    SCOPED_TRACE(activation.name);
+    const auto out = activation.apply(x.to_mkldnn());
+    ASSERT_TRUE(out.is_mkldnn());
+    EXPECT_TRUE(Identical(out.to_dense(), activation.apply(x)));
+    auto target = x.to_mkldnn();
+    activation.apply_(target);
+    EXPECT_TRUE(Identical(target.to_dense(), activation.apply(x)));
+  }
+}
+
+torch::Tensor broadcast_mul(const torch::Tensor& a, const torch::Tensor& b) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("afterburner::broadcast_mul", "");
+  return op.typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>().call(a, b);
+}
+
+// A convolution's output on oneDNN: channel-blocked, as an optimized graph's activations are.
+torch::Tensor convolved(const torch::Tensor& images, int64_t channels) {
+  const auto weight = torch::randn({channels, images.size(1), 1, 1});
+  return torch::mkldnn_convolution(images.to_mkldnn(), weight.to_mkldnn(), {}, {0, 0}, {1, 1}, {1, 1}, 1);
+}
+
+// A squeeze-and-excitation's product: x [N, C, H, W] times scale [N, C, 1, 1], both oneDNN
+// tensors (the scale a convolution's output too, or plain), either order, NaN and infinities in
+// both; the product stays in x's layout with zero padding channels.
+TEST(OnednnBroadcastMul, ScalesChannelsAsATenDoes) {
+  torch::manual_seed(1);
+  const torch::NoGradGuard no_grad;
+  for (const int64_t channels : {6, 20, 32}) {
+    for (const int64_t batch : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << channels << " channels, batch " << batch);
+      const auto x = convolved(with_non_finite(torch::randn({batch, 3, 5, 7})), channels);
+      const auto blocked_scale = convolved(with_non_finite(torch::randn({batch, 3, 1, 1}) * 3), channels);
+      const auto plain_scale = with_non_finite(torch::randn({batch, channels, 1, 1})).to_mkldnn();
+      for (const auto& scale : {blocked_scale, plain_scale}) {
+        const auto expected = x.to_dense() * scale.to_dense();
+        const auto product = broadcast_mul(x, scale);
+        ASSERT_TRUE(product.is_mkldnn());
+        EXPECT_EQ(onednn_images(product)->depth, onednn_images(x)->depth) << "not in x's layout";
+        EXPECT_TRUE(Identical(product.to_dense(), expected));
+        EXPECT_TRUE(Identical(broadcast_mul(scale, x).to_dense(), expected)) << "scale first";
+        EXPECT_TRUE(Identical(broadcast_mul(x, scale).to_dense(), expected)) << "second call";
+        EXPECT_TRUE(Identical(channel_sum(product), channel_sum(expected.to_mkldnn()))) << "padding channels";
+      }
+    }
+  }
+}
+
+// Equal shapes are oneDNN's own product; other broadcasts go through dense tensors; dense
+// tensors are ATen's mul.
+TEST(OnednnBroadcastMul, OtherShapesAndDenseTensorsAreATensMul) {
+  torch::manual_seed(2);
+  const torch::NoGradGuard no_grad;
+  const auto x = torch::randn({2, 6, 4, 5});
+  for (const auto& other : {torch::randn({2, 6, 4, 5}), torch::randn({2, 1, 4, 5}), torch::randn({1, 6, 1, 1})}) {
+    SCOPED_TRACE(::testing::Message() << "times " << other.sizes());
+    const auto expected = x * other;
+    EXPECT_TRUE(Identical(broadcast_mul(x.to_mkldnn(), other.to_mkldnn()).to_dense(), expected));
+    EXPECT_TRUE(Identical(broadcast_mul(x, other), expected));
+  }
+}
+
+}  // namespace
+}  // namespace afterburner
