@@ -8,8 +8,9 @@
 #include <cstring>
 
 // LibTorch exports these (ATen/native/mkldnn/MKLDNNCommon.h, a header Debian's libtorch-dev does
-// not ship); ideep, the header-only wrapper of oneDNN they speak, is Debian's libideep-dev, the
-// version LibTorch was built with.
+// not ship); ideep, the header-only wrapper of oneDNN they speak, is Debian's libideep-dev (the
+// packaged snapshot of August 2022; tests/core/onednn_tensor_test reads tensors
+// LibTorch made through it element by element).
 namespace at::native {
 TORCH_API ideep::tensor& itensor_from_mkldnn(const at::Tensor& mkldnn_tensor);
 TORCH_API at::Tensor new_with_itensor_mkldnn(ideep::tensor&& it, c10::optional<at::ScalarType> dtype,

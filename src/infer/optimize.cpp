@@ -274,8 +274,8 @@ Module prepare_for_inference(const Module& optimized) {
   route_matmuls_to_onednn(graph);
   multiply_broadcasts_on_onednn(graph);
   propagate_non_finite_as_aten(graph);
-  run_silu_on_onednn(graph);
-  read_sizes_on_onednn(graph);  // last: the rewrites above convert relus' outputs to read their sizes
+  read_sizes_on_onednn(graph);  // first: a size read keeps alive a dense copy the moves would drop
+  move_onto_onednn(graph);
   return prepared;
 }
 

@@ -150,14 +150,17 @@ void scale_channels(const OnednnImages& images, int64_t channels, const scalar_t
   });
 }
 
+at::Tensor dense_of(const at::Tensor& t) { return t.is_mkldnn() ? t.to_dense() : t; }
+
+// One operand may be dense (a scale the graph computed densely): the result is a oneDNN tensor.
 at::Tensor broadcast_mul_onednn(const at::Tensor& a, const at::Tensor& b) {
-  if (a.sizes() == b.sizes()) return at::mul(a, b);
+  if (a.is_mkldnn() && b.is_mkldnn() && a.sizes() == b.sizes()) return at::mul(a, b);
   const bool a_scales = scales_channels_of(a, b);
   const at::Tensor& x = a_scales ? b : a;
   const at::Tensor& scale = a_scales ? a : b;
   const auto images = onednn_images(x);
-  if (!images || !scales_channels_of(scale, x)) return at::mul(a.to_dense(), b.to_dense()).to_mkldnn();
-  const at::Tensor dense_scale = scale.to_dense().contiguous();
+  if (!images || !scales_channels_of(scale, x)) return at::mul(dense_of(a), dense_of(b)).to_mkldnn();
+  const at::Tensor dense_scale = dense_of(scale).contiguous();
   at::Tensor out = empty_onednn_images(x, x.sizes());
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "broadcast_mul", [&] {
     scale_channels(*images, x.size(1), dense_scale.data_ptr<scalar_t>(), static_cast<const scalar_t*>(images->data),

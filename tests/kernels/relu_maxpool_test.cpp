@@ -419,7 +419,8 @@ TEST(ReluMaxPool, OnOnednnTensorsMatchesTorchOnDenseOnes) {
     const auto blocked = torch::mkldnn_convolution(images.to_mkldnn(), weight.to_mkldnn(), {}, {1, 1}, {1, 1},
                                                    {1, 1}, 1);
     const auto plain = values_with_non_finite({2, channels, 9, 10}, torch::kFloat);
-    for (const auto& [name, x] : {std::pair<const char*, torch::Tensor>{"blocked", blocked}, {"plain", plain.to_mkldnn()}}) {
+    const std::pair<const char*, torch::Tensor> inputs[] = {{"blocked", blocked}, {"plain", plain.to_mkldnn()}};
+    for (const auto& [name, x] : inputs) {
       for (const auto& c : kOverlapping) {
         SCOPED_TRACE(::testing::Message() << name << ", " << channels << " channels, kernel " << c.kernel
                                           << " stride " << c.stride << " padding " << c.padding);

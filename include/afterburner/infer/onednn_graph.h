@@ -5,8 +5,8 @@
 //   auto module = torch::jit::optimize_for_inference(frozen);
 //   auto graph = module.get_method("forward").graph();
 //   afterburner::infer::multiply_broadcasts_on_onednn(graph);
-//   afterburner::infer::run_silu_on_onednn(graph);
 //   afterburner::infer::read_sizes_on_onednn(graph);
+//   afterburner::infer::move_onto_onednn(graph);
 #pragma once
 
 #include <torch/csrc/jit/ir/ir.h>
@@ -22,12 +22,14 @@ namespace afterburner::infer {
 // x's layout. Returns how many products were rewritten.
 int multiply_broadcasts_on_onednn(std::shared_ptr<torch::jit::Graph>& graph);
 
-// optimize_for_inference runs silu (EfficientNet's every activation) on a dense copy of the
-// convolution's output, then converts the result back for the next convolution. Runs it as
-// aten::silu on the oneDNN tensor instead (our MkldnnCPU kernel, ATen's maths over oneDNN's
-// buffer), out of place: the oneDNN tensor may have other readers. Its result goes to dense
-// tensors only for readers that are not oneDNN's. Returns how many silus were moved.
-int run_silu_on_onednn(std::shared_ptr<torch::jit::Graph>& graph);
+// optimize_for_inference runs silu (EfficientNet's every activation) and a squeeze-and-excitation
+// block's pooling and product on dense copies of oneDNN tensors, converting results back for the
+// next convolution. Moves silu (our MkldnnCPU kernel: ATen's maths over oneDNN's buffer) and
+// adaptive_avg_pool2d to 1x1 (oneDNN's, NaN-exact) onto the oneDNN tensor, out of place (it may
+// have other readers), their results converted to dense only for readers that are not oneDNN's;
+// then a product converted back, x times a dense scale, becomes afterburner::broadcast_mul on x's
+// layout (sizes read as read_sizes_on_onednn does). Returns how many ops were moved.
+int move_onto_onednn(std::shared_ptr<torch::jit::Graph>& graph);
 
 // optimize_for_inference converts a oneDNN tensor to a dense one to read its sizes (a size() in
 // the model's code: MobileNetV3's and EfficientNet's blocks): aten::size and aten::dim read the
