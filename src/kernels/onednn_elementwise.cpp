@@ -10,13 +10,14 @@
 //   auto z = torch::hardswish(y);                         // a oneDNN tensor, as y's layout
 //   torch::hardtanh_(y, 0.0, std::numeric_limits<double>::infinity());   // relu that keeps NaN
 //
-// infer::propagate_non_finite_as_aten moves an optimized graph's activations onto these.
+// infer::propagate_non_finite_as_aten and infer::move_onto_onednn move an optimized graph's
+// activations onto these.
 //
 // And afterburner::broadcast_mul(a, b), a * b with ATen's broadcasting, whose oneDNN kernel
 // multiplies a [N, C, H, W] tensor by a [N, C, 1, 1] one (a squeeze-and-excitation's scale) in
 // the big one's layout, where LibTorch expands the small one to a full oneDNN tensor through a
-// dense one first (prim::BroadcastMKLDNNTensors); infer::multiply_broadcasts_on_onednn rewrites
-// optimized graphs to it.
+// dense one first (prim::BroadcastMKLDNNTensors); infer::multiply_broadcasts_on_onednn and
+// infer::move_onto_onednn rewrite optimized graphs to it.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>

@@ -298,6 +298,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // The service may answer from any thread, and must answer exactly once; a second answer (say
   // an exception after the reply) is dropped. Until it answers, the io_context keeps running.
+  // Answering hands the session and the io_context's work to the posted write: copies of the
+  // callback the service drops later (its batcher's thread, after the server may be gone) hold
+  // neither.
   ReplyCallback reply_callback() {
     struct Pending {
       Pending(std::shared_ptr<Session> owner, net::io_context& io)
@@ -309,9 +312,12 @@ class Session : public std::enable_shared_from_this<Session> {
     auto pending = std::make_shared<Pending>(shared_from_this(), server_.io());
     return [pending](Reply reply) {
       if (pending->answered.exchange(true)) return;
-      auto session = pending->session;
-      net::post(session->socket_.get_executor(),
-                [pending, reply = std::move(reply)]() mutable { pending->session->write(std::move(reply)); });
+      std::shared_ptr<Session> session = std::move(pending->session);
+      const auto executor = session->socket_.get_executor();
+      net::post(executor, [session = std::move(session), reply = std::move(reply)]() mutable {
+        session->write(std::move(reply));
+      });
+      pending->work.reset();  // the posted write keeps the io_context running until it runs
     };
   }
 
