@@ -54,6 +54,28 @@ inline torch::Tensor images_with_non_finite(std::vector<int64_t> image_sizes, in
   return images;
 }
 
+// `x` (contiguous) with NaN at every 7th flat position, +inf at every 11th from the 3rd and -inf
+// at every 13th from the 4th: many of each, for kernels checked window by window or block by
+// block. Changes and returns `x`.
+inline torch::Tensor sprinkle_non_finite(torch::Tensor x) {
+  const torch::NoGradGuard no_grad;
+  torch::Tensor flat = x.view(-1);
+  flat.slice(0, 0, flat.numel(), 7).fill_(std::numeric_limits<double>::quiet_NaN());
+  flat.slice(0, 2, flat.numel(), 11).fill_(std::numeric_limits<double>::infinity());
+  flat.slice(0, 3, flat.numel(), 13).fill_(-std::numeric_limits<double>::infinity());
+  return x;
+}
+
+// The same dtype and shape, equal values, NaN where the other has NaN (for ops whose answers must
+// be LibTorch's exactly: max pooling, the same ATen kernel on another buffer).
+inline ::testing::AssertionResult Identical(const torch::Tensor& actual, const torch::Tensor& expected) {
+  if (actual.sizes() == expected.sizes() && actual.scalar_type() == expected.scalar_type() &&
+      torch::allclose(actual, expected, 0, 0, /*equal_nan=*/true)) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "\n" << actual << "\nvs expected\n" << expected;
+}
+
 // Elementwise: both NaN, or the same infinity, or both finite and |actual - expected| <= atol +
 // rtol |expected|. The message names the first element that is not, with both values.
 inline ::testing::AssertionResult AgreesWithNonFinite(const torch::Tensor& actual, const torch::Tensor& expected,

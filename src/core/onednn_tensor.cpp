@@ -87,10 +87,25 @@ at::Tensor empty_onednn_images(const at::Tensor& like, at::IntArrayRef sizes) {
   ideep::tensor& it = ideep_tensor(like);
   const auto format = image_format(it.get_desc().data);
   TORCH_CHECK(format && sizes.size() == 4, "empty_onednn_images: `like` is not in a layout of OnednnImages");
-  ideep::tensor out({sizes.begin(), sizes.end()}, it.get_data_type(), *format);
-  // Padding channels are zero in every oneDNN tensor: kernels that skip them rely on it.
-  if (out.get_desc().data.padded_dims[1] != sizes[1]) std::memset(out.get_data_handle(), 0, out.get_size());
-  return at::native::new_with_itensor_mkldnn(std::move(out), like.scalar_type(), like.device());
+  ideep::tensor buffer({sizes.begin(), sizes.end()}, it.get_data_type(), *format);
+  at::Tensor out = at::native::new_with_itensor_mkldnn(std::move(buffer), like.scalar_type(), like.device());
+  zero_padding_channels(*onednn_images(out), sizes[1]);
+  return out;
+}
+
+void zero_padding_channels(const OnednnImages& images, int64_t channels) {
+  if (images.padded_channels == channels) return;
+  const int64_t element = at::elementSize(images.dtype);
+  const int64_t blocks = images.padded_channels / images.depth;
+  const int64_t real = channels % images.depth;  // in the last block of each sample
+  const int64_t positions = images.height * images.width;
+  auto* data = static_cast<char*>(images.data);
+  for (int64_t image = blocks - 1; image < images.images; image += blocks) {
+    for (int64_t position = 0; position < positions; ++position) {
+      std::memset(data + ((image * positions + position) * images.depth + real) * element, 0,
+                  (images.depth - real) * element);
+    }
+  }
 }
 
 }  // namespace afterburner

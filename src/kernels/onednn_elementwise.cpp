@@ -24,7 +24,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "afterburner/core/onednn_tensor.h"
@@ -36,23 +35,6 @@ namespace {
 at::Tensor flat_buffer(const OnednnImages& images, const at::Tensor& like) {
   const int64_t count = images.images * images.height * images.width * images.depth;
   return at::from_blob(images.data, {count}, like.options().layout(at::kStrided));
-}
-
-// Channel-blocked layouts pad the last block of each image with channels beyond `channels`:
-// zero them, as oneDNN keeps them (the next convolution reads them).
-void zero_padding(const OnednnImages& images, int64_t channels) {
-  if (images.padded_channels == channels) return;
-  const int64_t element = at::elementSize(images.dtype);
-  const int64_t blocks = images.padded_channels / images.depth;
-  const int64_t real = channels % images.depth;
-  auto* data = static_cast<char*>(images.data);
-  const int64_t positions = images.height * images.width;
-  for (int64_t image = blocks - 1; image < images.images; image += blocks) {
-    for (int64_t position = 0; position < positions; ++position) {
-      char* block = data + ((image * positions + position) * images.depth + real) * element;
-      std::memset(block, 0, (images.depth - real) * element);
-    }
-  }
 }
 
 // out = op(x) elementwise (apply(out, x) writes op(x) into out, both dense), a new oneDNN
@@ -69,7 +51,7 @@ at::Tensor out_of_place(const at::Tensor& x, const Apply& apply) {
   at::Tensor out = empty_onednn_images(x, x.sizes());
   const auto out_images = *onednn_images(out);
   apply(flat_buffer(out_images, out), flat_buffer(*images, x));
-  zero_padding(out_images, x.size(1));
+  zero_padding_channels(out_images, x.size(1));
   return out;
 }
 
@@ -83,7 +65,7 @@ at::Tensor& in_place(at::Tensor& x, const Apply& apply) {
   }
   at::Tensor flat = flat_buffer(*images, x);
   apply(flat, flat);
-  zero_padding(*images, x.size(1));
+  zero_padding_channels(*images, x.size(1));
   return x;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "afterburner/core/onednn_tensor.h"
+#include "non_finite.h"
 
 namespace afterburner {
 namespace {
@@ -44,21 +45,8 @@ std::vector<Activation> activations() {
   };
 }
 
-torch::Tensor with_non_finite(torch::Tensor x) {
-  auto flat = x.view(-1);
-  flat.slice(0, 0, flat.numel(), 7).fill_(std::numeric_limits<double>::quiet_NaN());
-  flat.slice(0, 2, flat.numel(), 11).fill_(kInf);
-  flat.slice(0, 3, flat.numel(), 13).fill_(-kInf);
-  return x;
-}
-
-::testing::AssertionResult Identical(const torch::Tensor& actual, const torch::Tensor& expected) {
-  if (actual.sizes() == expected.sizes() && actual.scalar_type() == expected.scalar_type() &&
-      torch::allclose(actual, expected, 0, 0, /*equal_nan=*/true)) {
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure() << "\n" << actual << "\nvs expected\n" << expected;
-}
+using afterburner::testing::Identical;
+using afterburner::testing::sprinkle_non_finite;
 
 // A 1x1 convolution summing all channels: oneDNN reads the padding channels too.
 torch::Tensor channel_sum(const torch::Tensor& onednn) {
@@ -73,13 +61,13 @@ std::vector<std::pair<std::string, torch::Tensor>> onednn_inputs() {
   const torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, torch::Tensor>> inputs;
   for (const int64_t channels : {6, 20, 32}) {
-    const auto images = with_non_finite(torch::randn({2, 3, 7, 9}));
+    const auto images = sprinkle_non_finite(torch::randn({2, 3, 7, 9}));
     inputs.emplace_back(std::to_string(channels) + " channels, blocked",
                         torch::mkldnn_convolution(images.to_mkldnn(), torch::randn({channels, 3, 3, 3}).to_mkldnn(),
                                                   {}, {1, 1}, {1, 1}, {1, 1}, 1));
   }
-  inputs.emplace_back("plain", with_non_finite(torch::randn({3, 5, 4, 6}) * 4).to_mkldnn());
-  inputs.emplace_back("plain bf16", with_non_finite(torch::randn({2, 5, 4, 6}) * 4).to_mkldnn(torch::kBFloat16));
+  inputs.emplace_back("plain", sprinkle_non_finite(torch::randn({3, 5, 4, 6}) * 4).to_mkldnn());
+  inputs.emplace_back("plain bf16", sprinkle_non_finite(torch::randn({2, 5, 4, 6}) * 4).to_mkldnn(torch::kBFloat16));
   return inputs;
 }
 
@@ -123,7 +111,7 @@ TEST(OnednnElementwise, InPlaceWritesItsInput) {
 // Other ranks than images go through a dense tensor: same values, still a oneDNN tensor.
 TEST(OnednnElementwise, OtherRanksGoThroughDenseTensors) {
   const torch::NoGradGuard no_grad;
-  const auto x = with_non_finite(torch::randn({4, 6}) * 4);
+  const auto x = sprinkle_non_finite(torch::randn({4, 6}) * 4);
   for (const auto& activation : activations()) {
     SCOPED_TRACE(activation.name);
     const auto out = activation.apply(x.to_mkldnn());
@@ -155,9 +143,9 @@ TEST(OnednnBroadcastMul, ScalesChannelsAsATenDoes) {
   for (const int64_t channels : {6, 20, 32}) {
     for (const int64_t batch : {1, 3}) {
       SCOPED_TRACE(::testing::Message() << channels << " channels, batch " << batch);
-      const auto x = convolved(with_non_finite(torch::randn({batch, 3, 5, 7})), channels);
-      const auto blocked_scale = convolved(with_non_finite(torch::randn({batch, 3, 1, 1}) * 3), channels);
-      const auto plain_scale = with_non_finite(torch::randn({batch, channels, 1, 1})).to_mkldnn();
+      const auto x = convolved(sprinkle_non_finite(torch::randn({batch, 3, 5, 7})), channels);
+      const auto blocked_scale = convolved(sprinkle_non_finite(torch::randn({batch, 3, 1, 1}) * 3), channels);
+      const auto plain_scale = sprinkle_non_finite(torch::randn({batch, channels, 1, 1})).to_mkldnn();
       for (const auto& scale : {blocked_scale, plain_scale}) {
         const auto x_before = x.to_dense(), scale_before = scale.to_dense();
         const auto expected = x_before * scale_before;

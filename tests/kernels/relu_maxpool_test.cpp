@@ -12,6 +12,7 @@
 #include "afterburner/core/onednn_tensor.h"
 #include "afterburner/core/threads.h"
 #include "autograd_check.h"
+#include "non_finite.h"
 #include "testing.h"
 
 namespace afterburner::kernels {
@@ -20,6 +21,8 @@ namespace {
 using afterburner::testing::AllClose;
 using afterburner::testing::Contains;
 using afterburner::testing::error_message;
+using afterburner::testing::Identical;
+using afterburner::testing::sprinkle_non_finite;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -57,15 +60,6 @@ Result double_reference(const torch::Tensor& x, const torch::Tensor& grad_out, c
 // torch's composition in the input's dtype: ties and NaNs must route gradients identically.
 Result same_dtype_reference(const torch::Tensor& x, const torch::Tensor& grad_out, const ReluMaxPool2dOptions& options) {
   return run([&](const torch::Tensor& input) { return torch_relu_max_pool2d(input, options); }, x, grad_out);
-}
-
-// Equal values, NaN where the other has NaN.
-::testing::AssertionResult Identical(const torch::Tensor& actual, const torch::Tensor& expected) {
-  if (actual.sizes() == expected.sizes() && actual.scalar_type() == expected.scalar_type() &&
-      torch::allclose(actual, expected, 0, 0, /*equal_nan=*/true)) {
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure() << "\n" << actual << "\nvs expected\n" << expected;
 }
 
 double tolerance(torch::ScalarType dtype) { return dtype == torch::kBFloat16 ? 1e-2 : 1e-6; }
@@ -337,12 +331,9 @@ ReluMaxPool2dOptions options_of(const OverlappingCase& c) {
 
 // Random values with NaN, +inf and -inf sprinkled over them, and small integers for ties.
 torch::Tensor values_with_non_finite(const std::vector<int64_t>& shape, torch::ScalarType dtype) {
-  auto x = torch::randn(shape, torch::kDouble);
-  auto flat = x.view(-1);
-  flat.slice(0, 0, flat.numel(), 7).fill_(kNaN);
-  flat.slice(0, 2, flat.numel(), 11).fill_(kInf);
-  flat.slice(0, 3, flat.numel(), 13).fill_(-kInf);
-  flat.slice(0, 5, flat.numel(), 4).copy_(torch::randint(-2, 3, flat.slice(0, 5, flat.numel(), 4).sizes()));
+  auto x = sprinkle_non_finite(torch::randn(shape, torch::kDouble));
+  auto ties = x.view(-1).slice(0, 5, x.numel(), 4);
+  ties.copy_(torch::randint(-2, 3, ties.sizes()));
   return x.to(dtype);
 }
 

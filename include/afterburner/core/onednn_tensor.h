@@ -32,7 +32,11 @@ struct OnednnImages {
 std::optional<OnednnImages> onednn_images(const at::Tensor& tensor);
 
 // A new oneDNN tensor of `sizes` ([N, C, H, W]) in `like`'s layout and dtype (see onednn_images),
-// its padding channels zero.
+// its padding channels zero and the rest uninitialised.
 at::Tensor empty_onednn_images(const at::Tensor& like, at::IntArrayRef sizes);
+
+// Sets the padding channels of `images` (those past `channels`) to 0, as oneDNN keeps them: the
+// next convolution reads them. Nothing to do where no block is padded.
+void zero_padding_channels(const OnednnImages& images, int64_t channels);
 
 }  // namespace afterburner
