@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "afterburner/kernels/depthwise_conv.h"
 #include "autocast_argument.h"
 
 namespace afterburner::kernels {
@@ -39,12 +40,10 @@ struct Conv2dReLUFunction : torch::autograd::Function<Conv2dReLUFunction> {
     const torch::Tensor& x = saved[1];
     const torch::Tensor& weight = saved[2];
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    const std::vector<int64_t> bias_sizes{weight.size(0)};
     const torch::Tensor g = at::threshold_backward(grad_outputs[0], y, 0);
-    auto [grad_x, grad_weight, grad_bias] = at::convolution_backward(
-        g, x, weight, has_bias ? c10::make_optional<at::IntArrayRef>(bias_sizes) : c10::nullopt,
-        ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
-        ctx->saved_data["dilation"].toIntVector(), false, {0, 0}, ctx->saved_data["groups"].toInt(),
+    auto [grad_x, grad_weight, grad_bias] = conv2d_backward(
+        g, x, weight, has_bias, ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
+        ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["groups"].toInt(),
         {ctx->needs_input_grad(0), ctx->needs_input_grad(1), has_bias && ctx->needs_input_grad(2)});
     return {grad_x, grad_weight, grad_bias, {}, {}, {}, {}};
   }

@@ -80,9 +80,33 @@ graph(%x, %weight, %bias, %stride, %padding, %dilation, %transposed, %output_pad
   %y = afterburner::conv2d_relu(%x, %weight, %bias, %stride, %padding, %dilation, %groups)
   return (%y))"};
 
+// Grouped convolutions (depthwise ones among them) onto afterburner::conv2d, whose depthwise
+// backward is ours; scripted nn.Conv2d has its groups as a constant, and groups 1 stays aten's.
+const Pattern kGroupedConv{R"(
+graph(%input, %weight, %bias, %stride, %padding, %dilation, %groups):
+  %y = aten::conv2d(%input, %weight, %bias, %stride, %padding, %dilation, %groups)
+  return (%y))",
+                           R"(
+graph(%input, %weight, %bias, %stride, %padding, %dilation, %groups):
+  %y = afterburner::conv2d(%input, %weight, %bias, %stride, %padding, %dilation, %groups)
+  return (%y))"};
+
+const Pattern kTracedGroupedConv{R"(
+graph(%input, %weight, %bias, %stride, %padding, %dilation, %transposed, %output_padding, %groups, %benchmark,
+      %deterministic, %cudnn, %tf32):
+  %y = aten::_convolution(%input, %weight, %bias, %stride, %padding, %dilation, %transposed, %output_padding, %groups,
+                          %benchmark, %deterministic, %cudnn, %tf32)
+  return (%y))",
+                                 R"(
+graph(%input, %weight, %bias, %stride, %padding, %dilation, %transposed, %output_padding, %groups, %benchmark,
+      %deterministic, %cudnn, %tf32):
+  %y = afterburner::conv2d(%input, %weight, %bias, %stride, %padding, %dilation, %groups)
+  return (%y))"};
+
 bool traced_conv2d(const jit::Match& match, const Values& values) {
   const auto transposed = jit::toIValue(match.values_map.at(values.at("transposed")));
-  const auto input = match.values_map.at(values.at("x"))->type()->cast<c10::TensorType>();
+  const jit::Value* x = match.values_map.at(values.at(values.count("x") ? "x" : "input"));
+  const auto input = x->type()->cast<c10::TensorType>();
   return transposed && transposed->isBool() && !transposed->toBool() && input && input->dim() == 4;
 }
 
@@ -93,6 +117,10 @@ bool fusable(const jit::Match& match, const Values& values) {
     return false;
   }
   if (values.count("transposed") && !traced_conv2d(match, values)) return false;
+  if (values.count("input")) {  // a convolution without relu: grouped ones only
+    const c10::optional<int64_t> groups = jit::constant_as<int64_t>(match.values_map.at(values.at("groups")));
+    if (groups && *groups == 1) return false;
+  }
   for (const char* relu_input : {"x", "c", "l"}) {
     auto found = values.find(relu_input);
     if (found == values.end()) continue;
@@ -104,9 +132,11 @@ bool fusable(const jit::Match& match, const Values& values) {
   return true;
 }
 
-// `pattern` with either relu, where fusable.
+// `pattern` with either relu, where fusable (once for a pattern without relu).
 void rewrite(std::shared_ptr<jit::Graph>& graph, const Pattern& pattern) {
+  const bool has_relu = pattern.pattern.find("RELU") != std::string::npos;
   for (const char* relu : {"aten::relu", "aten::relu_"}) {
+    if (!has_relu && relu != std::string("aten::relu")) break;
     jit::SubgraphRewriter rewriter;
     rewriter.RegisterRewritePattern(with_relu(pattern.pattern, relu), pattern.replacement);
     rewriter.runOnGraph(graph, fusable);
@@ -190,12 +220,17 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
   jit::EliminateDeadCode(graph);
   // Pooling first: a relu between a conv2d and a max_pool2d goes with the pooling, which applies
   // it to a quarter of the values.
-  for (const Pattern* pattern : {&kReluMaxPool, &kConvRelu, &kTracedConvRelu, &kLinearRelu}) rewrite(graph, *pattern);
+  for (const Pattern* pattern :
+       {&kReluMaxPool, &kConvRelu, &kTracedConvRelu, &kLinearRelu, &kGroupedConv, &kTracedGroupedConv}) {
+    rewrite(graph, *pattern);
+  }
   if (attention.fused) fused.push_back(fmt::format("{} x multi-head attention", attention.fused));
   notices.insert(notices.end(), attention.notices.begin(), attention.notices.end());
-  for (const auto& [op, what] : {std::pair<const char*, const char*>{"afterburner::relu_max_pool2d", "relu + max_pool2d"},
-                                 {"afterburner::conv2d_relu", "conv2d + relu"},
-                                 {"afterburner::linear_relu", "linear + relu"}}) {
+  using Kind = std::pair<const char*, const char*>;
+  for (const auto& [op, what] : {Kind{"afterburner::relu_max_pool2d", "relu + max_pool2d"},
+                                 Kind{"afterburner::conv2d_relu", "conv2d + relu"},
+                                 Kind{"afterburner::linear_relu", "linear + relu"},
+                                 Kind{"afterburner::conv2d", "grouped conv2d"}}) {
     if (const int n = count(graph, c10::Symbol::fromQualString(op))) fused.push_back(fmt::format("{} x {}", n, what));
   }
   if (const int left = count(graph, c10::aten::relu) + count(graph, c10::aten::relu_)) {

@@ -9,6 +9,7 @@
 #include "afterburner/kernels/attention.h"
 #include "afterburner/kernels/conv_relu.h"
 #include "afterburner/kernels/cross_entropy.h"
+#include "afterburner/kernels/depthwise_conv.h"
 #include "afterburner/kernels/flat_optim.h"
 #include "afterburner/kernels/fuse.h"
 #include "afterburner/kernels/linear_relu.h"
@@ -45,6 +46,11 @@ torch::Tensor conv2d_relu_op(const torch::Tensor& x, const torch::Tensor& weight
                              const c10::optional<torch::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
                              at::IntArrayRef dilation, int64_t groups) {
   return conv2d_relu(x, weight, or_undefined(bias), stride, padding, dilation, groups);
+}
+
+torch::Tensor conv2d_op(const torch::Tensor& x, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias,
+                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  return conv2d(x, weight, or_undefined(bias), stride, padding, dilation, groups);
 }
 
 torch::Tensor low_rank_linear_op(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
@@ -112,6 +118,11 @@ TORCH_LIBRARY(afterburner, m) {
   m.def("conv2d_relu(Tensor x, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, "
         "int[2] dilation=1, int groups=1) -> Tensor");
   register_kernels<conv2d_relu_op>(m, "conv2d_relu");
+  // conv2d(x, weight, bias, stride, padding, dilation, groups), zero padding; depthwise ones
+  // (groups == channels, one filter each) train on afterburner's backward kernels.
+  m.def("conv2d(Tensor x, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, int[2] dilation=1, "
+        "int groups=1) -> Tensor");
+  register_kernels<conv2d_op>(m, "conv2d");
   // mean over rows of -log_softmax(logits)[row, target[row]], as cross_entropy(logits, target).
   m.def("cross_entropy(Tensor logits, Tensor target) -> Tensor");
   register_kernels<cross_entropy>(m, "cross_entropy");

@@ -22,6 +22,7 @@
 #include "afterburner/kernels/attention.h"
 #include "afterburner/kernels/conv_relu.h"
 #include "afterburner/kernels/cross_entropy.h"
+#include "afterburner/kernels/depthwise_conv.h"
 #include "afterburner/kernels/flat_optim.h"
 #include "afterburner/kernels/fuse.h"
 #include "afterburner/kernels/gemm.h"
@@ -119,6 +120,31 @@ OpCase conv_relu_case() {
             const auto x = in.random({s[0], s[1], s[2], s[3]}, l);
             return Trial{[=]() mutable { return conv(x); },
                          [=] { return torch::relu(torch::conv2d(x, conv->weight, conv->bias, s[6], s[7])); }};
+          }};
+}
+
+// Shapes {N, C, H, W, kernel, stride, padding}: one filter per channel (groups == C). The
+// reference convolves in fp32 whatever the precision (at::convolution, which autocast leaves
+// alone) and rounds to the op's dtype: LibTorch's bf16 backward multiplies the padding's zeros
+// into the weight gradient (NaN where the output gradient is infinite), its fp32 one, like ours,
+// does not (depthwise_conv_test).
+OpCase depthwise_conv_case() {
+  return {"depthwise conv2d",
+          {P::fp32, P::bf16, P::autocast_bf16},
+          {{1, 1, 5, 7, 3, 1, 1}, {2, 17, 7, 5, 5, 2, 2}, {3, 24, 6, 6, 3, 2, 0}, {2, 40, 4, 4, 7, 1, 3}},
+          kImageLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            const auto x = in.random({s[0], s[1], s[2], s[3]}, l);
+            const auto w = in.random({s[1], 1, s[4], s[4]}, L::contiguous);
+            const auto b = in.random({s[1]}, L::contiguous);
+            const int64_t stride = s[5], padding = s[6], groups = s[1];
+            return Trial{[=] { return kernels::conv2d(x, w, b, {stride, stride}, {padding, padding}, {1, 1}, groups); },
+                         [=] {
+                           const auto f = [](const torch::Tensor& t) { return t.to(torch::kFloat); };
+                           const auto y = at::convolution(f(x), f(w), f(b), {stride, stride}, {padding, padding},
+                                                          {1, 1}, false, {0, 0}, groups);
+                           return in_autocast_dtype(y.to(x.scalar_type()));
+                         }};
           }};
 }
 
@@ -284,7 +310,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
                          ::testing::Values(mm_case(), addmm_case(), gemm_with_autograd_case(),
                                            differentiated_twice(linear_relu_case()),
                                            differentiated_twice(linear_relu_module_case()),
-                                           differentiated_twice(conv_relu_case(), {P::fp32}), relu_max_pool_case(),
+                                           differentiated_twice(conv_relu_case(), {P::fp32}),
+                                           differentiated_twice(depthwise_conv_case(), {P::fp32}), relu_max_pool_case(),
                                            relu_max_pool_overlapping_case(), relu_max_pool_module_case(),
                                            differentiated_twice(cross_entropy_case()),
                                            differentiated_twice(low_rank_case()), fuse_case(),

@@ -130,3 +130,46 @@ def test_dropout_of_probability_zero_is_its_input_and_others_stay():
         got, want = fused(x), module(x)
         torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
         assert not torch.equal(fused(x)[1], got[1]), "p = 0.5 draws anew"
+
+
+class InvertedResidual(torch.nn.Module):
+    """An inverted residual block as torchvision writes them: expand 1x1, a depthwise convolution
+    (groups == channels) with BatchNorm and an activation, project 1x1, plus the input; a stride-2
+    depthwise convolution without bias after it."""
+
+    def __init__(self, channels=6, expanded=24):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(channels, expanded, 1, bias=False)
+        self.depthwise = torch.nn.Conv2d(expanded, expanded, 5, padding=2, groups=expanded, bias=False)
+        self.bn = torch.nn.BatchNorm2d(expanded)
+        self.project = torch.nn.Conv2d(expanded, channels, 1)
+        self.down = torch.nn.Conv2d(channels, channels, 3, stride=2, padding=1, groups=channels)
+
+    def forward(self, x):
+        y = F.hardswish(self.bn(self.depthwise(F.relu(self.expand(x)))))
+        return self.down(x + self.project(y))
+
+
+@pytest.mark.parametrize("kind", ["script", "trace"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_depthwise_convolutions_train_on_afterburners_backward_with_the_modules_gradients(kind, precision):
+    torch.manual_seed(0)
+    model = InvertedResidual().to(memory_format=torch.channels_last)
+    module = torch.jit.script(model) if kind == "script" else torch.jit.trace(model, torch.randn(2, 6, 9, 9))
+    fused, report = jit.fuse(module)
+    assert report.fused == ["1 x conv2d + relu", "2 x grouped conv2d"], report
+    assert str(fused.graph).count("aten::conv2d(") + str(fused.graph).count("aten::_convolution(") == 1  # project
+    tolerance = dict(rtol=1e-4, atol=1e-5) if precision == "fp32" else dict(rtol=2e-2, atol=2e-2)
+    for batch in (1, 2, 7):
+        x = torch.randn(batch, 6, 9, 9).to(memory_format=torch.channels_last)
+        for _ in range(2):  # a second call gives the same answer
+            results = []
+            for m in (fused, module):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                    out = m(x)
+                grads = torch.autograd.grad(out.float().square().sum(), list(m.parameters()))
+                results.append((out, grads))
+            (got, got_grads), (want, want_grads) = results
+            torch.testing.assert_close(got, want, rtol=0, atol=0)  # the forward is LibTorch's
+            for name, g, w in zip([n for n, _ in module.named_parameters()], got_grads, want_grads):
+                torch.testing.assert_close(g, w, **tolerance, msg=lambda m: f"{name}: {m}")

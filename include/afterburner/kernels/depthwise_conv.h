@@ -1,0 +1,43 @@
+// 2-D convolution whose depthwise layers (one filter per channel: groups == in_channels ==
+// out_channels; MobileNets' and EfficientNets' 3x3 and 5x5, ConvNeXt's 7x7) train on a weight
+// gradient of ours. LibTorch 1.13's oneDNN computes that gradient 4-45x slower than we do on
+// EfficientNet-B0's and MobileNetV3-Small's 5x5 layers (1,152 channels of 1 pixel: 39 ms against
+// 0.9 ms in bf16; BENCHMARKS.md, "Depthwise convolutions in training"): half of a MobileNetV3-Small
+// training step. The forward and the input gradient stay LibTorch's (oneDNN), which are as fast.
+//
+//   namespace kernels = afterburner::kernels;
+//   torch::Tensor y = kernels::conv2d(x, weight, bias, /*stride=*/{2, 2}, /*padding=*/{1, 1},
+//                                     /*dilation=*/{1, 1}, /*groups=*/x.size(1));
+//   // == torch::conv2d(x, weight, bias, 2, 1, 1, x.size(1)), with the same gradients
+//
+// Under CPU autocast the convolution runs in the autocast dtype, as torch::conv2d's would.
+// Convolutions that are not depthwise, not fp32/bf16 or of other filter sizes run LibTorch's own
+// forward and backward. NaN and infinities propagate as in LibTorch's fp32 backward: a filter tap
+// that falls on the zero padding adds nothing to its gradient (LibTorch's bf16 backward, its fp64
+// one and its fp32 one on 1-pixel images multiply the padding's zeros in, so an infinite output
+// gradient there makes that tap's gradient NaN; ours stays finite).
+#pragma once
+
+#include <torch/types.h>
+
+#include <array>
+#include <tuple>
+
+namespace afterburner::kernels {
+
+// conv2d(x, weight, bias, stride, padding, dilation, groups) for a batched [N, C, H, W] or
+// unbatched [C, H, W] x, with explicit zero padding; bias may be undefined.
+torch::Tensor conv2d(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                     at::IntArrayRef stride = {1, 1}, at::IntArrayRef padding = {0, 0},
+                     at::IntArrayRef dilation = {1, 1}, int64_t groups = 1);
+
+// at::convolution_backward of a 2-D, non-transposed convolution: the gradients of x, weight and
+// bias (undefined where `needed` says no or there is no bias) for the upstream gradient grad_y.
+// Depthwise convolutions of fp32/bf16 tensors take our weight gradient, unless grad mode is on (a backward
+// under create_graph), which needs LibTorch's differentiable one.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> conv2d_backward(
+    const torch::Tensor& grad_y, const torch::Tensor& x, const torch::Tensor& weight, bool has_bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    std::array<bool, 3> needed);
+
+}  // namespace afterburner::kernels

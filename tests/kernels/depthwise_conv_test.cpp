@@ -1,0 +1,261 @@
+#include "afterburner/kernels/depthwise_conv.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "afterburner/core/threads.h"
+#include "non_finite.h"
+#include "testing.h"
+
+namespace afterburner::kernels {
+namespace {
+
+using afterburner::testing::AgreesWithNonFinite;
+using afterburner::testing::Contains;
+using afterburner::testing::Identical;
+
+constexpr const char* kOurNode = "DepthwiseConv2dFunction";
+
+// A depthwise convolution's shape and options.
+struct Geometry {
+  int64_t batch, channels, height, width, kernel;
+  std::vector<int64_t> stride, padding, dilation;
+  bool bias = true;
+};
+
+std::ostream& operator<<(std::ostream& out, const Geometry& g) {
+  return out << "[" << g.batch << ", " << g.channels << ", " << g.height << ", " << g.width << "] kernel "
+             << g.kernel << " stride " << c10::IntArrayRef(g.stride) << " padding " << c10::IntArrayRef(g.padding)
+             << " dilation " << c10::IntArrayRef(g.dilation) << (g.bias ? "" : " no bias");
+}
+
+// One filter per channel; channel counts below, at and above a vector of 16 and not multiples of
+// it; strides, paddings (also larger than the filter's reach) and dilations of MobileNets and
+// beyond; images of 1 pixel (where LibTorch's oneDNN backward is slowest) to 15.
+const std::vector<Geometry> kGeometries{
+    {1, 1, 5, 5, 3, {1, 1}, {1, 1}, {1, 1}},       {2, 3, 7, 5, 3, {1, 1}, {1, 1}, {1, 1}},
+    {7, 17, 9, 11, 5, {2, 2}, {2, 2}, {1, 1}},     {3, 16, 6, 6, 3, {3, 3}, {0, 0}, {1, 1}, false},
+    {2, 88, 7, 7, 3, {1, 1}, {1, 1}, {1, 1}},      {4, 130, 13, 13, 3, {1, 1}, {2, 2}, {2, 2}},
+    {9, 40, 1, 1, 5, {1, 1}, {2, 2}, {1, 1}},      {5, 24, 2, 3, 5, {2, 1}, {2, 2}, {1, 1}},
+    {2, 33, 15, 14, 7, {1, 1}, {3, 3}, {1, 1}},    {1, 20, 4, 4, 3, {1, 2}, {0, 1}, {1, 1}, false},
+    {3, 48, 8, 8, 5, {1, 1}, {4, 4}, {1, 1}},      {64, 32, 7, 7, 3, {2, 2}, {1, 1}, {1, 1}}};
+
+struct Gradients {
+  torch::Tensor y, x, weight, bias;
+  std::string node;  // the autograd node of y: ours or LibTorch's
+};
+
+// y = conv(x, weight, bias) and the gradients of x, weight and bias for the upstream gradient
+// grad_y, each input a fresh leaf keeping its layout.
+template <typename Conv>
+Gradients gradients(const Conv& conv, const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                    const torch::Tensor& grad_y) {
+  const auto leaf = [](const torch::Tensor& t) { return t.defined() ? t.detach().requires_grad_() : t; };
+  const torch::Tensor xl = leaf(x), wl = leaf(weight), bl = leaf(bias);
+  const torch::Tensor y = conv(xl, wl, bl);
+  std::vector<torch::Tensor> inputs{xl, wl};
+  if (bl.defined()) inputs.push_back(bl);
+  const auto grads = torch::autograd::grad({y}, inputs, {grad_y});
+  return {y.detach(), grads[0], grads[1], bl.defined() ? grads[2] : torch::Tensor(), y.grad_fn()->name()};
+}
+
+struct Case {
+  Geometry g;
+  torch::Tensor x, weight, bias, grad_y;
+};
+
+// Random values of `dtype` (exactly representable in every precision compared), x in `format`.
+Case make_case(const Geometry& g, torch::Dtype dtype, at::MemoryFormat format) {
+  const auto opts = torch::dtype(dtype);
+  Case c{g, torch::randn({g.batch, g.channels, g.height, g.width}, opts).contiguous(format),
+         torch::randn({g.channels, 1, g.kernel, g.kernel}, opts),
+         g.bias ? torch::randn({g.channels}, opts) : torch::Tensor(), {}};
+  const auto y = torch::conv2d(c.x, c.weight, c.bias, g.stride, g.padding, g.dilation, g.channels);
+  c.grad_y = torch::randn(y.sizes(), opts).contiguous(format);
+  return c;
+}
+
+Gradients ours(const Case& c) {
+  return gradients(
+      [&](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+        return kernels::conv2d(x, w, b, c.g.stride, c.g.padding, c.g.dilation, c.g.channels);
+      },
+      c.x, c.weight, c.bias, c.grad_y);
+}
+
+// LibTorch's convolution on the case's values in `dtype`.
+Gradients libtorch(const Case& c, torch::Dtype dtype) {
+  const auto to = [dtype](const torch::Tensor& t) { return t.defined() ? t.to(dtype) : t; };
+  return gradients(
+      [&](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+        return torch::conv2d(x, w, b, c.g.stride, c.g.padding, c.g.dilation, c.g.channels);
+      },
+      to(c.x), to(c.weight), to(c.bias), to(c.grad_y));
+}
+
+// |ours - reference| within tol of the reference's largest magnitude (sums of up to a few thousand
+// terms: fp32 rounding; bf16 inputs are exact in double, so only the fp32 sums and the one final
+// rounding to bf16 differ).
+::testing::AssertionResult Near(const torch::Tensor& actual, const torch::Tensor& expected, double tol) {
+  const torch::Tensor magnitudes = expected.detach().to(torch::kDouble).abs();
+  const torch::Tensor finite = magnitudes.masked_select(magnitudes.isfinite());
+  const double largest = finite.numel() == 0 ? 0.0 : finite.max().item<double>();
+  return AgreesWithNonFinite(actual, expected, tol * std::max(1.0, largest), tol);
+}
+
+TEST(DepthwiseConv2d, GradientsMatchLibTorchInDoubleForEveryGeometry) {
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const double tol = dtype == torch::kFloat ? 1e-5 : 1e-2;
+    for (const auto format : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::Contiguous}) {
+      for (const Geometry& g : kGeometries) {
+        torch::manual_seed(g.channels);
+        const Case c = make_case(g, dtype, format);
+        const Gradients got = ours(c), expected = libtorch(c, torch::kDouble);
+        const bool nchw = format == at::MemoryFormat::Contiguous;
+        SCOPED_TRACE(::testing::Message() << g << " " << dtype << (nchw ? " NCHW" : " NHWC"));
+        EXPECT_TRUE(Contains(got.node, kOurNode));
+        EXPECT_TRUE(Near(got.y, expected.y, tol)) << "output";
+        EXPECT_TRUE(Near(got.x, expected.x, tol)) << "input gradient";
+        EXPECT_TRUE(Near(got.weight, expected.weight, tol)) << "weight gradient";
+        if (g.bias) {
+          EXPECT_TRUE(Near(got.bias, expected.bias, tol)) << "bias gradient";
+        }
+        EXPECT_EQ(got.weight.scalar_type(), dtype);
+        EXPECT_EQ(got.weight.sizes(), c.weight.sizes());
+        EXPECT_TRUE(got.x.is_contiguous(c.x.suggest_memory_format())) << "input gradient in x's memory format";
+      }
+    }
+  }
+}
+
+TEST(DepthwiseConv2d, SecondCallsAndOtherThreadCountsGiveTheSameBits) {
+  for (const Geometry& g : {kGeometries[2], kGeometries[4], kGeometries[11]}) {
+    torch::manual_seed(3);
+    const Case c = make_case(g, torch::kFloat, at::MemoryFormat::ChannelsLast);
+    Gradients first, second, one_thread;
+    {
+      ThreadsGuard threads(2);
+      first = ours(c);
+      second = ours(c);
+    }
+    {
+      ThreadsGuard threads(1);
+      one_thread = ours(c);
+    }
+    SCOPED_TRACE(::testing::Message() << g);
+    EXPECT_TRUE(Identical(second.weight, first.weight));
+    EXPECT_TRUE(Identical(second.bias, first.bias));
+    EXPECT_TRUE(Identical(second.x, first.x));
+    // The weight gradient's sums are split by the shape, not by the threads.
+    EXPECT_TRUE(Identical(one_thread.weight, first.weight));
+    EXPECT_TRUE(Identical(one_thread.bias, first.bias));
+  }
+}
+
+// NaN and infinities where LibTorch's fp32 convolution (oneDNN) puts them: a NaN or an infinity
+// in x reaches the gradients of its own channel's taps that read it, and taps on the padding add
+// nothing, so an infinite output gradient in a corner makes no NaN there. LibTorch itself is not
+// consistent about the last point: its bf16 backward (5x5 filters) and its fp32 one for 1-pixel
+// images multiply the padding's zeros by the infinity (NaN), as its fp64 path always does. Ours
+// adds nothing at every size and in both dtypes, so bf16 is checked against LibTorch's fp32 on the
+// same values, and 1-pixel images against the rule itself.
+TEST(DepthwiseConv2d, NonFiniteValuesPropagateAsLibTorchsDo) {
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const Geometry& g : {kGeometries[1], kGeometries[2], kGeometries[7]}) {
+      torch::manual_seed(5);
+      Case c = make_case(g, dtype, at::MemoryFormat::ChannelsLast);
+      c.x[0][0][g.height / 2][g.width / 2] = kNaN;
+      c.x[g.batch - 1][1][0][g.width - 1] = kInf;
+      c.grad_y[0][2][0][0] = kInf;
+      const Gradients got = ours(c), expected = libtorch(c, torch::kFloat);
+      SCOPED_TRACE(::testing::Message() << g << " " << dtype);
+      const double tol = dtype == torch::kFloat ? 1e-5 : 1e-2;
+      EXPECT_TRUE(Near(got.weight, expected.weight, tol));
+      EXPECT_TRUE(Near(got.bias, expected.bias, tol));
+      EXPECT_TRUE(Identical(got.x, libtorch(c, dtype).x));  // LibTorch's own input gradient
+      EXPECT_TRUE(got.weight.isnan().any().item<bool>() && !got.weight.isnan().all().item<bool>());
+    }
+  }
+  // A 1-pixel image, 5x5 filters: only the centre tap reads the image.
+  const Geometry& g = kGeometries[6];
+  Case c = make_case(g, torch::kFloat, at::MemoryFormat::ChannelsLast);
+  c.grad_y[0][2][0][0] = kInf;
+  const torch::Tensor grad = ours(c).weight[2][0].reshape(-1);
+  EXPECT_TRUE(std::isinf(grad[12].item<double>()));
+  EXPECT_TRUE(grad.narrow(0, 0, 12).isfinite().all().item<bool>());
+  EXPECT_TRUE(grad.narrow(0, 13, 12).isfinite().all().item<bool>());
+}
+
+TEST(DepthwiseConv2d, InputsAreLeftUnchanged) {
+  torch::manual_seed(6);
+  const Case c = make_case(kGeometries[4], torch::kBFloat16, at::MemoryFormat::Contiguous);
+  const auto before = std::vector<torch::Tensor>{c.x.clone(), c.weight.clone(), c.bias.clone(), c.grad_y.clone()};
+  ours(c);
+  EXPECT_TRUE(Identical(c.x, before[0]));
+  EXPECT_TRUE(Identical(c.weight, before[1]));
+  EXPECT_TRUE(Identical(c.bias, before[2]));
+  EXPECT_TRUE(Identical(c.grad_y, before[3]));
+}
+
+// Other convolutions, other dtypes and filter sizes, calls without a gradient to record and
+// backward passes that build a graph (create_graph) run LibTorch's own.
+TEST(DepthwiseConv2d, EverythingElseRunsLibTorchsConvolution) {
+  torch::manual_seed(7);
+  const auto x = torch::randn({2, 4, 6, 6}, torch::requires_grad());
+  const auto run = [&](const torch::Tensor& input, const torch::Tensor& w, int64_t groups) {
+    return kernels::conv2d(input, w, {}, {1, 1}, {1, 1}, {1, 1}, groups);
+  };
+  EXPECT_TRUE(Contains(run(x, torch::randn({4, 1, 3, 3}, torch::requires_grad()), 4).grad_fn()->name(), kOurNode));
+  EXPECT_EQ(run(x, torch::randn({8, 1, 3, 3}, torch::requires_grad()), 4).grad_fn()->name(), "ConvolutionBackward0");
+  EXPECT_EQ(run(x, torch::randn({4, 2, 3, 3}, torch::requires_grad()), 2).grad_fn()->name(), "ConvolutionBackward0");
+  EXPECT_EQ(run(x, torch::randn({4, 1, 4, 4}, torch::requires_grad()), 4).grad_fn()->name(), "ConvolutionBackward0");
+  EXPECT_EQ(run(x.to(torch::kDouble), torch::randn({4, 1, 3, 3}, torch::kDouble), 4).grad_fn()->name(),
+            "ConvolutionBackward0");
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_FALSE(run(x, torch::randn({4, 1, 3, 3}), 4).requires_grad());
+  }
+  // A second derivative: LibTorch's differentiable backward.
+  const auto w = torch::randn({4, 1, 3, 3}, torch::requires_grad());
+  const auto y = run(x, w, 4);
+  const auto second_derivative = [&](const torch::Tensor& out) {
+    const auto gx = torch::autograd::grad({out.square().sum()}, {x}, {}, /*retain_graph=*/true,
+                                          /*create_graph=*/true)[0];
+    return torch::autograd::grad({gx.sum()}, {w})[0];
+  };
+  const auto ggw = second_derivative(y);
+  const auto ggw_ref = second_derivative(torch::conv2d(x, w, {}, 1, 1, 1, 4));
+  EXPECT_TRUE(torch::allclose(ggw, ggw_ref, 1e-5, 1e-5));
+}
+
+TEST(DepthwiseConv2d, UnbatchedInputsAndAutocastAsTorchConv2d) {
+  torch::manual_seed(8);
+  const auto x = torch::randn({4, 6, 6}, torch::requires_grad());
+  const auto w = torch::randn({4, 1, 3, 3}, torch::requires_grad());
+  const auto y = kernels::conv2d(x, w, {}, {1, 1}, {1, 1}, {1, 1}, 4);
+  EXPECT_TRUE(torch::allclose(y, torch::conv2d(x, w, {}, 1, 1, 1, 4), 1e-5, 1e-5));
+  {
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
+    const auto batched = x.unsqueeze(0);
+    const auto ours_y = kernels::conv2d(batched, w, {}, {1, 1}, {1, 1}, {1, 1}, 4);
+    const auto torch_y = torch::conv2d(batched, w, {}, 1, 1, 1, 4);
+    at::autocast::set_cpu_enabled(false);
+    at::autocast::clear_cache();
+    EXPECT_EQ(ours_y.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(Identical(ours_y, torch_y));  // the same oneDNN forward
+    const auto g = torch::autograd::grad({ours_y.to(torch::kFloat).sum()}, {w})[0];
+    const auto g_ref = torch::autograd::grad({torch_y.to(torch::kFloat).sum()}, {w})[0];
+    EXPECT_EQ(g.scalar_type(), torch::kFloat);  // through autocast's cast, to the fp32 weight
+    EXPECT_TRUE(torch::allclose(g, g_ref, 1e-2, 1e-2));
+  }
+}
+
+}  // namespace
+}  // namespace afterburner::kernels
