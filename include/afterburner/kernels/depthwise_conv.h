@@ -1,9 +1,10 @@
 // 2-D convolution whose depthwise layers (one filter per channel: groups == in_channels ==
 // out_channels; MobileNets' and EfficientNets' 3x3 and 5x5, ConvNeXt's 7x7) train on a weight
-// gradient of ours. LibTorch 1.13's oneDNN computes that gradient 4-45x slower than we do on
-// EfficientNet-B0's and MobileNetV3-Small's 5x5 layers (1,152 channels of 1 pixel: 39 ms against
-// 0.9 ms in bf16; BENCHMARKS.md, "Depthwise convolutions in training"): half of a MobileNetV3-Small
-// training step. The forward and the input gradient stay LibTorch's (oneDNN), which are as fast.
+// gradient of ours. With LibTorch 1.13's oneDNN gradient, the backward of EfficientNet-B0's and
+// MobileNetV3-Small's 5x5 layers took 2.6-47x (fp32) and 9-44x (bf16) as long as with ours (1,152
+// channels of 1 pixel: 37 ms against 0.9 ms in bf16; BENCHMARKS.md, "Depthwise convolutions in
+// training"), about half of a MobileNetV3-Small training step. The forward and the input
+// gradient stay LibTorch's (oneDNN), which are as fast as ours were.
 //
 //   namespace kernels = afterburner::kernels;
 //   torch::Tensor y = kernels::conv2d(x, weight, bias, /*stride=*/{2, 2}, /*padding=*/{1, 1},
