@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "afterburner/core/threads.h"
-#include "afterburner/kernels/depthwise_conv.h"
+#include "afterburner/kernels/conv2d.h"
 
 namespace {
 

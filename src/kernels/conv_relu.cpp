@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
-#include "afterburner/kernels/depthwise_conv.h"
+#include "afterburner/kernels/conv2d.h"
 #include "autocast_argument.h"
 
 namespace afterburner::kernels {

@@ -80,9 +80,9 @@ graph(%x, %weight, %bias, %stride, %padding, %dilation, %transposed, %output_pad
   %y = afterburner::conv2d_relu(%x, %weight, %bias, %stride, %padding, %dilation, %groups)
   return (%y))"};
 
-// Grouped convolutions (depthwise ones among them) onto afterburner::conv2d, whose depthwise
-// backward is ours; scripted nn.Conv2d has its groups as a constant, and groups 1 stays aten's.
-const Pattern kGroupedConv{R"(
+// The other convolutions onto afterburner::conv2d, which trains depthwise ones and those of
+// 1-pixel images its own way (kernels/conv2d.h) and the rest as aten::conv2d.
+const Pattern kConv{R"(
 graph(%input, %weight, %bias, %stride, %padding, %dilation, %groups):
   %y = aten::conv2d(%input, %weight, %bias, %stride, %padding, %dilation, %groups)
   return (%y))",
@@ -91,7 +91,7 @@ graph(%input, %weight, %bias, %stride, %padding, %dilation, %groups):
   %y = afterburner::conv2d(%input, %weight, %bias, %stride, %padding, %dilation, %groups)
   return (%y))"};
 
-const Pattern kTracedGroupedConv{R"(
+const Pattern kTracedConv{R"(
 graph(%input, %weight, %bias, %stride, %padding, %dilation, %transposed, %output_padding, %groups, %benchmark,
       %deterministic, %cudnn, %tf32):
   %y = aten::_convolution(%input, %weight, %bias, %stride, %padding, %dilation, %transposed, %output_padding, %groups,
@@ -117,10 +117,6 @@ bool fusable(const jit::Match& match, const Values& values) {
     return false;
   }
   if (values.count("transposed") && !traced_conv2d(match, values)) return false;
-  if (values.count("input")) {  // a convolution without relu: grouped ones only
-    const c10::optional<int64_t> groups = jit::constant_as<int64_t>(match.values_map.at(values.at("groups")));
-    if (groups && *groups == 1) return false;
-  }
   for (const char* relu_input : {"x", "c", "l"}) {
     auto found = values.find(relu_input);
     if (found == values.end()) continue;
@@ -221,7 +217,7 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
   // Pooling first: a relu between a conv2d and a max_pool2d goes with the pooling, which applies
   // it to a quarter of the values.
   for (const Pattern* pattern :
-       {&kReluMaxPool, &kConvRelu, &kTracedConvRelu, &kLinearRelu, &kGroupedConv, &kTracedGroupedConv}) {
+       {&kReluMaxPool, &kConvRelu, &kTracedConvRelu, &kLinearRelu, &kConv, &kTracedConv}) {
     rewrite(graph, *pattern);
   }
   if (attention.fused) fused.push_back(fmt::format("{} x multi-head attention", attention.fused));
@@ -230,7 +226,7 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
   for (const auto& [op, what] : {Kind{"afterburner::relu_max_pool2d", "relu + max_pool2d"},
                                  Kind{"afterburner::conv2d_relu", "conv2d + relu"},
                                  Kind{"afterburner::linear_relu", "linear + relu"},
-                                 Kind{"afterburner::conv2d", "grouped conv2d"}}) {
+                                 Kind{"afterburner::conv2d", "conv2d"}}) {
     if (const int n = count(graph, c10::Symbol::fromQualString(op))) fused.push_back(fmt::format("{} x {}", n, what));
   }
   if (const int left = count(graph, c10::aten::relu) + count(graph, c10::aten::relu_)) {

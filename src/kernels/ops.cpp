@@ -9,7 +9,7 @@
 #include "afterburner/kernels/attention.h"
 #include "afterburner/kernels/conv_relu.h"
 #include "afterburner/kernels/cross_entropy.h"
-#include "afterburner/kernels/depthwise_conv.h"
+#include "afterburner/kernels/conv2d.h"
 #include "afterburner/kernels/flat_optim.h"
 #include "afterburner/kernels/fuse.h"
 #include "afterburner/kernels/linear_relu.h"

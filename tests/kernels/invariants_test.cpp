@@ -22,7 +22,7 @@
 #include "afterburner/kernels/attention.h"
 #include "afterburner/kernels/conv_relu.h"
 #include "afterburner/kernels/cross_entropy.h"
-#include "afterburner/kernels/depthwise_conv.h"
+#include "afterburner/kernels/conv2d.h"
 #include "afterburner/kernels/flat_optim.h"
 #include "afterburner/kernels/fuse.h"
 #include "afterburner/kernels/gemm.h"
@@ -127,7 +127,7 @@ OpCase conv_relu_case() {
 // reference convolves in fp32 whatever the precision (at::convolution, which autocast leaves
 // alone) and rounds to the op's dtype: LibTorch's bf16 backward multiplies the padding's zeros
 // into the weight gradient (NaN where the output gradient is infinite), its fp32 one, like ours,
-// does not (depthwise_conv_test).
+// does not (conv2d_test).
 OpCase depthwise_conv_case() {
   return {"depthwise conv2d",
           {P::fp32, P::bf16, P::autocast_bf16},
@@ -146,6 +146,36 @@ OpCase depthwise_conv_case() {
                            return in_autocast_dtype(y.to(x.scalar_type()));
                          }};
           }};
+}
+
+// Shapes {N, C_in, C_out, kernel, stride, padding}: a 1-pixel image to a 1-pixel output, the
+// linear layer kernels::conv2d makes of it. The reference convolves in fp32 or fp64 and rounds to
+// the op's dtype: LibTorch's bf16 backward on 1-pixel images gives the taps that read only the
+// padding gradients other than 0 (with a bias, finite inputs: 6.4 where 0 is right). Finite values
+// only: for NaN and infinities LibTorch's fp32 convolution of a 1-pixel image multiplies the
+// padding's zeros by the filters (an infinite weight on a padding tap makes the output NaN), its
+// convolutions of larger images do not; ours follows the larger images (conv2d_test).
+OpCase one_pixel_conv_case() {
+  OpCase c{"conv2d on 1-pixel images",
+          {P::fp32, P::bf16, P::autocast_bf16, P::fp64},
+          {{1, 5, 7, 3, 1, 1}, {3, 16, 8, 5, 2, 2}, {4, 3, 6, 1, 1, 0}},
+          kImageLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            const auto x = in.random({s[0], s[1], 1, 1}, l);
+            const auto w = in.random({s[2], s[1], s[3], s[3]}, L::contiguous);
+            const auto b = in.random({s[2]}, L::contiguous);
+            const int64_t stride = s[4], padding = s[5];
+            return Trial{[=] { return kernels::conv2d(x, w, b, {stride, stride}, {padding, padding}, {1, 1}, 1); },
+                         [=] {
+                           const auto wide = x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+                           const auto f = [wide](const torch::Tensor& t) { return t.to(wide); };
+                           const auto y = at::convolution(f(x), f(w), f(b), {stride, stride}, {padding, padding},
+                                                          {1, 1}, false, {0, 0}, 1);
+                           return in_autocast_dtype(y.to(x.scalar_type()));
+                         }};
+          }};
+  c.values = {Values::finite};
+  return c;
 }
 
 // Shapes {N, C, H, W, kernel}: sizes not divisible by the kernel leave rows and columns outside
@@ -311,7 +341,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
                                            differentiated_twice(linear_relu_case()),
                                            differentiated_twice(linear_relu_module_case()),
                                            differentiated_twice(conv_relu_case(), {P::fp32}),
-                                           differentiated_twice(depthwise_conv_case(), {P::fp32}), relu_max_pool_case(),
+                                           differentiated_twice(depthwise_conv_case(), {P::fp32}),
+                                           differentiated_twice(one_pixel_conv_case(), {P::fp32}), relu_max_pool_case(),
                                            relu_max_pool_overlapping_case(), relu_max_pool_module_case(),
                                            differentiated_twice(cross_entropy_case()),
                                            differentiated_twice(low_rank_case()), fuse_case(),

@@ -52,11 +52,12 @@ struct ScriptFuseResult {
 
 // forward's graph with the submodules' forwards inlined and relu then max_pool2d, conv2d then
 // relu (unless that relu goes to a max_pool2d) and linear then relu rewritten onto afterburner's
-// ops, other grouped convolutions onto afterburner::conv2d (depthwise ones train on our weight
-// gradient), and scripted nn.MultiheadAttention onto afterburner::attention (MHA's own code kept for
-// what the fused op does not compute as it does, chosen as the forward runs; nn.Transformer-
-// EncoderLayer's and TransformerEncoder's evaluation fast paths, which fail under CPU autocast in
-// LibTorch 1.13, off). Parameters stay the module's: training through the result trains the module.
+// ops, the other conv2d onto afterburner::conv2d (depthwise ones and those of 1-pixel images
+// train their own way: kernels/conv2d.h), and scripted nn.MultiheadAttention onto
+// afterburner::attention (MHA's own code kept for what the fused op does not compute as it does,
+// chosen as the forward runs; nn.TransformerEncoderLayer's and TransformerEncoder's evaluation
+// fast paths, which fail under CPU autocast in LibTorch 1.13, off). Parameters stay the module's:
+// training through the result trains the module.
 ScriptFuseResult fuse_forward(const torch::jit::Module& module);
 
 // relu (or an in-place relu_ of a value nothing else reads) then max_pool2d, in `graph` as it

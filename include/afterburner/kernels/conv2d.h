@@ -1,10 +1,16 @@
-// 2-D convolution whose depthwise layers (one filter per channel: groups == in_channels ==
-// out_channels; MobileNets' and EfficientNets' 3x3 and 5x5, ConvNeXt's 7x7) train on a weight
-// gradient of ours. With LibTorch 1.13's oneDNN gradient, the backward of EfficientNet-B0's and
-// MobileNetV3-Small's 5x5 layers took 2.6-47x (fp32) and 9-44x (bf16) as long as with ours (1,152
-// channels of 1 pixel: 37 ms against 0.9 ms in bf16; BENCHMARKS.md, "Depthwise convolutions in
-// training"), about half of a MobileNetV3-Small training step. The forward and the input
-// gradient stay LibTorch's (oneDNN), which are as fast as ours were.
+// 2-D convolution as torch::conv2d computes it, with two kinds of layer LibTorch 1.13 trains
+// slowly taken elsewhere:
+// - Depthwise convolutions (one filter per channel: groups == in_channels == out_channels;
+//   MobileNets' and EfficientNets' 3x3 and 5x5, ConvNeXt's 7x7) train on a weight gradient of
+//   ours. With LibTorch's oneDNN gradient, the backward of EfficientNet-B0's and
+//   MobileNetV3-Small's 5x5 layers took 2.6-47x (fp32) and 9-44x (bf16) as long as with ours
+//   (1,152 channels of 1 pixel: 37 ms against 0.9 ms in bf16; BENCHMARKS.md, "Depthwise
+//   convolutions in training"), about half of a MobileNetV3-Small training step. Their forward
+//   and input gradient stay LibTorch's (oneDNN), which are as fast as ours were.
+// - Convolutions of 1-pixel images to 1-pixel outputs (a ResNet's last stage on 28-pixel inputs:
+//   512 channels, 3x3 filters, padding 1), where one filter tap reads the pixel and the others
+//   the padding: a linear layer on that tap (at::linear, with its own gradients), where oneDNN
+//   convolves all nine.
 //
 //   namespace kernels = afterburner::kernels;
 //   torch::Tensor y = kernels::conv2d(x, weight, bias, /*stride=*/{2, 2}, /*padding=*/{1, 1},
@@ -12,11 +18,11 @@
 //   // == torch::conv2d(x, weight, bias, 2, 1, 1, x.size(1)), with the same gradients
 //
 // Under CPU autocast the convolution runs in the autocast dtype, as torch::conv2d's would.
-// Convolutions that are not depthwise, not fp32/bf16 or of other filter sizes run LibTorch's own
-// forward and backward. NaN and infinities propagate as in LibTorch's fp32 backward: a filter tap
-// that falls on the zero padding adds nothing to its gradient (LibTorch's bf16 backward, its fp64
-// one and its fp32 one on 1-pixel images multiply the padding's zeros in, so an infinite output
-// gradient there makes that tap's gradient NaN; ours stays finite).
+// Other convolutions, and depthwise ones that are not fp32/bf16 or of other filter sizes, run
+// LibTorch's own forward and backward. NaN and infinities propagate as in LibTorch's fp32
+// backward: a filter tap that falls on the zero padding adds nothing to its gradient (LibTorch's
+// bf16 backward, its fp64 one and its fp32 one on 1-pixel images multiply the padding's zeros in,
+// so an infinite output gradient there makes that tap's gradient NaN; ours stays 0 or finite).
 #pragma once
 
 #include <torch/types.h>

@@ -1,4 +1,4 @@
-#include "afterburner/kernels/depthwise_conv.h"
+#include "afterburner/kernels/conv2d.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -255,6 +255,108 @@ TEST(DepthwiseConv2d, UnbatchedInputsAndAutocastAsTorchConv2d) {
     EXPECT_EQ(g.scalar_type(), torch::kFloat);  // through autocast's cast, to the fp32 weight
     EXPECT_TRUE(torch::allclose(g, g_ref, 1e-2, 1e-2));
   }
+}
+
+}  // namespace
+}  // namespace afterburner::kernels
+
+namespace afterburner::kernels {
+namespace {
+
+// A 1-pixel image convolved to a 1-pixel output: {N, C_in, C_out, kernel, stride, padding,
+// dilation}. The tap padding / dilation reads the pixel, the others the padding.
+const std::vector<std::vector<int64_t>> kOnePixel{{1, 5, 7, 3, 1, 1, 1},  {3, 16, 8, 5, 1, 2, 1},
+                                                  {64, 9, 12, 1, 1, 0, 1}, {2, 6, 6, 3, 2, 1, 1},
+                                                  {7, 4, 3, 3, 1, 2, 2},   {2, 3, 5, 3, 3, 2, 1}};
+
+torch::Tensor one_pixel_conv(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                             const std::vector<int64_t>& s) {
+  return kernels::conv2d(x, w, b, {s[4], s[4]}, {s[5], s[5]}, {s[6], s[6]}, 1);
+}
+
+TEST(Conv2dOnePixel, IsALinearLayerOnTheTapThatReadsThePixelWithLibTorchsGradients) {
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kDouble}) {
+    const double tol = dtype == torch::kDouble ? 1e-12 : dtype == torch::kFloat ? 1e-5 : 1e-2;
+    for (const auto& s : kOnePixel) {
+      for (const auto format : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::Contiguous}) {
+        torch::manual_seed(s[1]);
+        const auto opts = torch::dtype(dtype);
+        const auto x = torch::randn({s[0], s[1], 1, 1}, opts).contiguous(format);
+        const auto w = torch::randn({s[2], s[1], s[3], s[3]}, opts);
+        const auto b = torch::randn({s[2]}, opts);
+        const auto grad_y = torch::randn({s[0], s[2], 1, 1}, opts);
+        const auto conv = [&](const torch::Tensor& xi, const torch::Tensor& wi, const torch::Tensor& bi) {
+          return one_pixel_conv(xi, wi, bi, s);
+        };
+        const auto reference = [&](const torch::Tensor& xi, const torch::Tensor& wi, const torch::Tensor& bi) {
+          return torch::conv2d(xi, wi, bi, s[4], s[5], s[6]);
+        };
+        const auto to64 = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
+        const Gradients got = gradients(conv, x, w, b, grad_y);
+        const Gradients want = gradients(reference, to64(x), to64(w), to64(b), to64(grad_y));
+        SCOPED_TRACE(::testing::Message() << c10::IntArrayRef(s) << " " << dtype);
+        EXPECT_TRUE(Contains(got.node, "ViewBackward")) << got.node;  // the linear layer's, not a convolution's
+        EXPECT_EQ(got.y.scalar_type(), dtype);
+        EXPECT_EQ(got.y.sizes(), want.y.sizes());
+        EXPECT_TRUE(Near(got.y, want.y, tol)) << "output";
+        EXPECT_TRUE(Near(got.x, want.x, tol)) << "input gradient";
+        EXPECT_TRUE(Near(got.weight, want.weight, tol)) << "weight gradient";
+        EXPECT_TRUE(Near(got.bias, want.bias, tol)) << "bias gradient";
+        const Gradients again = gradients(conv, x, w, b, grad_y);
+        EXPECT_TRUE(Identical(again.y, got.y));
+        EXPECT_TRUE(Identical(again.weight, got.weight));
+      }
+    }
+  }
+}
+
+// A NaN or an infinity in the pixel or on the tap that reads it propagates as LibTorch's does; the
+// other taps read the padding and add nothing, whatever they hold (LibTorch's convolutions of
+// larger images do the same; of 1-pixel ones, multiply their zeros in: NaN).
+TEST(Conv2dOnePixel, NonFiniteValuesOnTheReadingTapPropagateAndThePaddingAddsNothing) {
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  torch::manual_seed(10);
+  auto x = torch::randn({3, 4, 1, 1});
+  auto w = torch::randn({5, 4, 3, 3});
+  x[0][1][0][0] = kNaN;
+  w[2][3][1][1] = kInf;   // the centre: read
+  w[4][0][0][0] = kNaN;   // a corner: padding only
+  const auto grad_y = torch::randn({3, 5, 1, 1});
+  const auto conv = [](const torch::Tensor& xi, const torch::Tensor& wi, const torch::Tensor& bi) {
+    return kernels::conv2d(xi, wi, bi, {1, 1}, {1, 1}, {1, 1}, 1);
+  };
+  const Gradients got = gradients(conv, x, w, {}, grad_y);
+  // LibTorch on the centre tap alone (a 1x1 filter, no padding) computes what the padding adds nothing to.
+  const auto centre = [](const torch::Tensor& xi, const torch::Tensor& wi, const torch::Tensor& bi) {
+    return torch::conv2d(xi, wi.narrow(2, 1, 1).narrow(3, 1, 1), bi);
+  };
+  const Gradients want = gradients(centre, x, w, {}, grad_y);
+  EXPECT_TRUE(Near(got.y, want.y, 1e-6));
+  EXPECT_TRUE(Near(got.x, want.x, 1e-6));
+  const auto centre_tap = [](const torch::Tensor& t) { return t.narrow(2, 1, 1).narrow(3, 1, 1); };
+  EXPECT_TRUE(Near(centre_tap(got.weight), centre_tap(want.weight), 1e-6));
+  EXPECT_TRUE(got.y[0].isnan().all().item<bool>());                               // the NaN pixel's image
+  EXPECT_TRUE(std::isinf(got.y[1][2][0][0].item<double>()));                      // the infinite centre weight
+  EXPECT_TRUE(got.y.select(1, 4).narrow(0, 1, 2).isfinite().all().item<bool>());  // the NaN corner: not read
+  torch::Tensor off_centre = got.weight.clone();
+  off_centre.select(3, 1).select(2, 1).zero_();
+  EXPECT_TRUE(off_centre.eq(0).all().item<bool>()) << "a tap that reads the padding has a gradient";
+}
+
+TEST(Conv2dOnePixel, OtherImagesAndGeometriesRunLibTorchsConvolution) {
+  torch::manual_seed(9);
+  const auto w = torch::randn({4, 3, 3, 3}, torch::requires_grad());
+  const auto node = [&](const torch::Tensor& x, int64_t stride, int64_t padding, int64_t dilation) {
+    return kernels::conv2d(x, w, {}, {stride, stride}, {padding, padding}, {dilation, dilation}, 1).grad_fn()->name();
+  };
+  const auto pixel = torch::randn({2, 3, 1, 1});
+  EXPECT_TRUE(Contains(node(pixel, 1, 1, 1), "ViewBackward"));
+  EXPECT_EQ(node(torch::randn({2, 3, 2, 2}), 1, 1, 1), "ConvolutionBackward0");  // 2x2 images
+  EXPECT_EQ(node(pixel, 1, 2, 1), "ConvolutionBackward0");                      // a 3x3 output
+  EXPECT_EQ(node(pixel, 3, 3, 2), "ConvolutionBackward0");  // no tap reads the pixel: the bias alone
+  // A bad geometry is LibTorch's error.
+  EXPECT_THROW(kernels::conv2d(pixel, w, {}, {1, 1}, {0, 0}, {1, 1}, 1), c10::Error);
 }
 
 }  // namespace

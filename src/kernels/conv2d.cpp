@@ -1,4 +1,4 @@
-#include "afterburner/kernels/depthwise_conv.h"
+#include "afterburner/kernels/conv2d.h"
 
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
@@ -280,6 +280,29 @@ struct DepthwiseConv2dFunction : torch::autograd::Function<DepthwiseConv2dFuncti
   }
 };
 
+// The filter tap (row, column) through which a 1-pixel image reaches a 1-pixel output, if x is
+// one and groups is 1: output pixel 0 reads input row tap * dilation - padding, 0 for tap =
+// padding / dilation.
+c10::optional<std::pair<int64_t, int64_t>> one_pixel_tap(const torch::Tensor& x, const torch::Tensor& weight,
+                                                        at::IntArrayRef stride, at::IntArrayRef padding,
+                                                        at::IntArrayRef dilation, int64_t groups) {
+  if (x.dim() != 4 || weight.dim() != 4 || x.layout() != at::kStrided || groups != 1 || x.size(2) != 1 ||
+      x.size(3) != 1 || x.size(1) == 0 || weight.size(1) != x.size(1) || stride.size() != 2 || padding.size() != 2 ||
+      dilation.size() != 2) {
+    return c10::nullopt;
+  }
+  int64_t tap[2];
+  for (int d = 0; d < 2; ++d) {
+    const int64_t kernel = weight.size(2 + d), reach = dilation[d] * (kernel - 1);
+    const bool one_output = stride[d] > 0 && 2 * padding[d] - reach >= 0 && 2 * padding[d] - reach < stride[d];
+    if (!one_output || dilation[d] < 1 || padding[d] % dilation[d] != 0 || padding[d] / dilation[d] >= kernel) {
+      return c10::nullopt;
+    }
+    tap[d] = padding[d] / dilation[d];
+  }
+  return std::make_pair(tap[0], tap[1]);
+}
+
 }  // namespace
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> conv2d_backward(
@@ -323,10 +346,15 @@ torch::Tensor conv2d(const torch::Tensor& x, const torch::Tensor& weight, const 
   const auto optional_bias = bias.defined() ? c10::make_optional(autocast_argument(bias)) : c10::nullopt;
   const bool recording = torch::GradMode::is_enabled() &&
                          (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
-  if (!recording || !depthwise(input, filters, stride, padding, dilation, groups)) {
-    return at::convolution(input, filters, optional_bias, stride, padding, dilation, false, {0, 0}, groups);
+  if (const auto tap = one_pixel_tap(input, filters, stride, padding, dilation, groups)) {
+    // y[n, o] = b[o] + sum over c of w[o, c, tap] x[n, c]: the other taps read the padding.
+    const torch::Tensor weights = filters.select(3, tap->second).select(2, tap->first);
+    return at::linear(input.flatten(1), weights, optional_bias).view({x.size(0), weight.size(0), 1, 1});
   }
-  return DepthwiseConv2dFunction::apply(input, filters, optional_bias, stride, padding, dilation);
+  if (recording && depthwise(input, filters, stride, padding, dilation, groups)) {
+    return DepthwiseConv2dFunction::apply(input, filters, optional_bias, stride, padding, dilation);
+  }
+  return at::convolution(input, filters, optional_bias, stride, padding, dilation, false, {0, 0}, groups);
 }
 
 }  // namespace afterburner::kernels
