@@ -34,7 +34,7 @@ constexpr int64_t kWeightItems = 16;
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // A 2-element list from a 1- or 2-element one (an int[2] argument given as one int).
-std::vector<int64_t> pair(at::IntArrayRef values) {
+std::vector<int64_t> both_dims(at::IntArrayRef values) {
   return values.size() == 1 ? std::vector<int64_t>{values[0], values[0]} : values.vec();
 }
 
@@ -124,7 +124,8 @@ __attribute__((always_inline)) inline void add_band(const Geometry& g, const T* 
   // Output columns whose taps all lie inside the image: [inner_begin, inner_end).
   const int64_t inner_begin = std::min(g.out_width, ceil_div(g.pad_w, g.stride_w));
   const int64_t last = g.width - 1 - (KW - 1) * g.dilation_w + g.pad_w;  // the last inside column * stride
-  const int64_t inner_end = last < 0 ? inner_begin : std::max(inner_begin, std::min(g.out_width, last / g.stride_w + 1));
+  const int64_t inner_end =
+      last < 0 ? inner_begin : std::max(inner_begin, std::min(g.out_width, last / g.stride_w + 1));
   Vec acc[KH * KW + 1];
   for (int t = 0; t <= KH * KW; ++t) acc[t] = load(block_sums + t * kLanes);
   for (int64_t oh = band; oh < std::min(band + kBandRows, g.out_height); ++oh) {
@@ -150,7 +151,7 @@ __attribute__((always_inline)) inline void add_band(const Geometry& g, const T* 
 // For the images [n0, n1) and channel blocks [block0, block1): sums[block][i * KW + j][c] += the
 // sum over output pixels (oh, ow) whose tap (i, j) lies inside the image of grad_y[n, oh, ow, c]
 // x[n, input_row(oh, i), input_col(ow, j), c] (taps on the padding add nothing, as in LibTorch's
-// oneDNN backward, so an infinite grad_y there gives no NaN), and sums[block][KH * KW][c] += the
+// fp32 backward, so an infinite grad_y there gives no NaN), and sums[block][KH * KW][c] += the
 // sum of grad_y[n, oh, ow, c] (the bias gradient), c over the block's channels. sums is
 // [blocks][KH * KW + 1][kLanes].
 template <typename T, int KH, int KW>
@@ -309,7 +310,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> conv2d_backward(
     const torch::Tensor& grad_y, const torch::Tensor& x, const torch::Tensor& weight, bool has_bias,
     at::IntArrayRef stride_list, at::IntArrayRef padding_list, at::IntArrayRef dilation_list, int64_t groups,
     std::array<bool, 3> needed) {
-  const auto stride = pair(stride_list), padding = pair(padding_list), dilation = pair(dilation_list);
+  const auto stride = both_dims(stride_list), padding = both_dims(padding_list);
+  const auto dilation = both_dims(dilation_list);
   needed[2] = needed[2] && has_bias;
   if (torch::GradMode::is_enabled() || !depthwise(x, weight, stride, padding, dilation, groups) ||
       grad_y.scalar_type() != x.scalar_type() || grad_y.dim() != 4) {
@@ -319,7 +321,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> conv2d_backward(
                                     stride, padding, dilation, false, {0, 0}, groups, needed);
   }
   torch::Tensor grad_x, grad_weight, grad_bias;
-  if (needed[0]) {  // LibTorch's (oneDNN's) input gradient is as fast as ours measured
+  if (needed[0]) {  // LibTorch's (oneDNN's): a kernel of ours measured 1-2x slower in bf16
     grad_x = std::get<0>(at::convolution_backward(grad_y, x, weight, c10::nullopt, stride, padding, dilation, false,
                                                   {0, 0}, groups, {true, false, false}));
   }
@@ -341,7 +343,8 @@ torch::Tensor conv2d(const torch::Tensor& x, const torch::Tensor& weight, const 
   if (x.dim() == 3) {  // unbatched, as Conv2d takes it
     return conv2d(x.unsqueeze(0), weight, bias, stride_list, padding_list, dilation_list, groups).squeeze(0);
   }
-  const auto stride = pair(stride_list), padding = pair(padding_list), dilation = pair(dilation_list);
+  const auto stride = both_dims(stride_list), padding = both_dims(padding_list);
+  const auto dilation = both_dims(dilation_list);
   const torch::Tensor input = autocast_argument(x), filters = autocast_argument(weight);
   const auto optional_bias = bias.defined() ? c10::make_optional(autocast_argument(bias)) : c10::nullopt;
   const bool recording = torch::GradMode::is_enabled() &&

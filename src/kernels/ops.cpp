@@ -119,7 +119,8 @@ TORCH_LIBRARY(afterburner, m) {
         "int[2] dilation=1, int groups=1) -> Tensor");
   register_kernels<conv2d_relu_op>(m, "conv2d_relu");
   // conv2d(x, weight, bias, stride, padding, dilation, groups), zero padding; depthwise ones
-  // (groups == channels, one filter each) train on afterburner's backward kernels.
+  // (groups == channels, one filter each) train on afterburner's weight gradient, those of
+  // 1-pixel images as a linear layer (kernels/conv2d.h).
   m.def("conv2d(Tensor x, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, int[2] dilation=1, "
         "int groups=1) -> Tensor");
   register_kernels<conv2d_op>(m, "conv2d");

@@ -40,8 +40,8 @@ torch::Tensor conv2d(const torch::Tensor& x, const torch::Tensor& weight, const 
 
 // at::convolution_backward of a 2-D, non-transposed convolution: the gradients of x, weight and
 // bias (undefined where `needed` says no or there is no bias) for the upstream gradient grad_y.
-// Depthwise convolutions of fp32/bf16 tensors take our weight gradient, unless grad mode is on (a backward
-// under create_graph), which needs LibTorch's differentiable one.
+// Depthwise convolutions of fp32/bf16 tensors take our weight gradient, unless grad mode is on
+// (a backward under create_graph), which needs LibTorch's differentiable one.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> conv2d_backward(
     const torch::Tensor& grad_y, const torch::Tensor& x, const torch::Tensor& weight, bool has_bias,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
