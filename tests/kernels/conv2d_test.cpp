@@ -257,11 +257,6 @@ TEST(DepthwiseConv2d, UnbatchedInputsAndAutocastAsTorchConv2d) {
   }
 }
 
-}  // namespace
-}  // namespace afterburner::kernels
-
-namespace afterburner::kernels {
-namespace {
 
 // A 1-pixel image convolved to a 1-pixel output: {N, C_in, C_out, kernel, stride, padding,
 // dilation}. The tap padding / dilation reads the pixel, the others the padding.
