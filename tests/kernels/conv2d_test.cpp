@@ -257,7 +257,6 @@ TEST(DepthwiseConv2d, UnbatchedInputsAndAutocastAsTorchConv2d) {
   }
 }
 
-
 // A 1-pixel image convolved to a 1-pixel output: {N, C_in, C_out, kernel, stride, padding,
 // dilation}. The tap padding / dilation reads the pixel, the others the padding.
 const std::vector<std::vector<int64_t>> kOnePixel{{1, 5, 7, 3, 1, 1, 1},  {3, 16, 8, 5, 1, 2, 1},
