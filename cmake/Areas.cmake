@@ -5,7 +5,9 @@ target_include_directories(afterburner_deps INTERFACE
 target_link_libraries(afterburner_deps INTERFACE
   ${TORCH_LIBRARIES} ${DNNL_LIBRARY} OpenMP::OpenMP_CXX Threads::Threads ZLIB::ZLIB ${LIBZIP_LIBRARY} ${CMAKE_DL_LIBS}
   nlohmann_json::nlohmann_json fmt::fmt tomlplusplus::tomlplusplus simdjson::simdjson Boost::headers)
-target_compile_options(afterburner_deps INTERFACE -Wall -Wextra -Wno-unused-parameter)
+# -Wno-psabi: the kernels pass GCC vectors by value only between always-inlined helpers compiled
+# per instruction set (kernels/simd.h), where the ABI note about such arguments never applies.
+target_compile_options(afterburner_deps INTERFACE -Wall -Wextra -Wno-unused-parameter -Wno-psabi)
 
 # The torch headers dominate compile time: one precompiled header, reused by every area,
 # tool and test (they share compile flags).

@@ -17,14 +17,16 @@
 
 #include "afterburner/core/cpu.h"
 #include "afterburner/core/error.h"
+#include "attention_blocks.h"
 #include "autocast_argument.h"
-#include "exp_nonpositive.h"
+#include "short_attention.h"
 
 namespace afterburner::kernels {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+using namespace attention_detail;
 
 // Query and key rows per block. A [64, 128] block of scores (32 KB in fp32) and the q, k and v
 // rows it comes from stay in L2 through both GEMMs and the softmax between them. At D = 64,
@@ -32,9 +34,6 @@ using torch::autograd::variable_list;
 // 32 x 128 and 64 x 64 10-20% slower (BENCHMARKS.md, "Fused attention").
 constexpr int64_t kQueryBlock = 64;
 constexpr int64_t kKeyBlock = 128;
-
-template <typename acc_t>
-constexpr acc_t kMinusInfinity = -std::numeric_limits<acc_t>::infinity();
 
 // ---- GEMMs on blocks: c [m, n] = op(a) op(b) + beta c, row-major, op transposing where asked. ----
 
@@ -68,37 +67,6 @@ void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, c
   }
 }
 
-inline float exp_of(float v) { return exp_nonpositive(v); }
-inline double exp_of(double v) { return std::exp(v); }
-
-// ---- Operands as matrices ----
-
-// A tensor [batch..., rows, cols] as `batch` matrices: matrix b starts at data + offsets[b], its
-// rows row_stride apart and its columns col_stride apart (1 for GEMM operands; a mask may
-// broadcast with stride 0).
-template <typename T>
-struct Matrices {
-  T* data = nullptr;
-  std::vector<int64_t> offsets;
-  int64_t row_stride = 0, col_stride = 1;
-
-  T* row(int64_t b, int64_t r) const { return data + offsets[b] + r * row_stride; }
-};
-
-std::vector<int64_t> batch_offsets(const torch::Tensor& t) {
-  const int64_t batch_dims = t.dim() - 2;
-  std::vector<int64_t> offsets(c10::multiply_integers(t.sizes().slice(0, batch_dims)));
-  for (int64_t b = 0; b < static_cast<int64_t>(offsets.size()); ++b) {
-    int64_t rest = b, offset = 0;
-    for (int64_t d = batch_dims - 1; d >= 0; --d) {
-      offset += (rest % t.size(d)) * t.stride(d);
-      rest /= t.size(d);
-    }
-    offsets[b] = offset;
-  }
-  return offsets;
-}
-
 // `t` in the accumulation dtype with adjacent columns, as the GEMMs read it: the tensor itself
 // when it already is (read only, never written), else a copy.
 torch::Tensor gemm_ready(const torch::Tensor& t, at::ScalarType acc) {
@@ -107,56 +75,20 @@ torch::Tensor gemm_ready(const torch::Tensor& t, at::ScalarType acc) {
   return ready.stride(-1) == 1 && rows_apart ? ready : ready.contiguous();
 }
 
-template <typename T>
-Matrices<T> matrices_of(const torch::Tensor& t) {
-  Matrices<T> m;
-  m.data = t.data_ptr<std::remove_const_t<T>>();
-  m.offsets = batch_offsets(t);
-  m.row_stride = t.size(-2) > 1 ? t.stride(-2) : std::max<int64_t>(1, t.size(-1));
-  m.col_stride = t.stride(-1);
-  return m;
-}
-
-struct Sizes {
-  int64_t batch, q_len, k_len, head_dim, value_dim;
-};
-
-Sizes sizes_of(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-  return {q.numel() / std::max<int64_t>(1, q.size(-2) * q.size(-1)), q.size(-2), k.size(-2), q.size(-1), v.size(-1)};
-}
-
 template <typename acc_t>
-struct Operands {
-  Sizes sizes;
-  Matrices<const acc_t> q, k, v;
-  Matrices<const acc_t> mask;  // data null without a mask
-  acc_t scale;
-  bool causal;
+struct TiledOperands : Operands<acc_t, acc_t> {
   bool skip_hidden_blocks;  // leave out blocks the causal mask hides entirely (hidden_blocks_skippable)
 
   // Columns [0, visible) of the key block at k0 are visible to query row `row`, the rest causal-masked.
   int64_t visible(int64_t row, int64_t k0, int64_t cols) const {
-    return causal ? std::clamp<int64_t>(row - k0 + 1, 0, cols) : cols;
+    return this->causal ? std::clamp<int64_t>(row - k0 + 1, 0, cols) : cols;
   }
   const acc_t* mask_row(int64_t b, int64_t row, int64_t k0) const {
-    return mask.data ? mask.row(b, row) + k0 * mask.col_stride : nullptr;
+    return this->mask.data ? this->mask.row(b, row) + k0 * this->mask.col_stride : nullptr;
   }
 };
 
 // ---- The block computations, vectorised per row (one clone per instruction set) ----
-
-// s <- s * scale + mask, and -inf added from column `visible` on (the causal mask), for one row
-// of scores: added, not assigned, so a NaN or +inf score stays NaN as in the unfused ops.
-template <typename acc_t>
-inline void mask_row(acc_t* s, int64_t cols, acc_t scale, const acc_t* mask, int64_t mask_step, int64_t visible) {
-  if (mask != nullptr) {
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) s[j] = s[j] * scale + mask[j * mask_step] + (j >= visible ? kMinusInfinity<acc_t> : 0);
-  } else {
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) s[j] = s[j] * scale + (j >= visible ? kMinusInfinity<acc_t> : 0);
-  }
-}
 
 // Folds a block of scores [rows, cols] into the rows' running softmax (FlashAttention's online
 // softmax): max and sum become those over every key so far, the scores become exp(s - max), and
@@ -166,7 +98,7 @@ inline void mask_row(acc_t* s, int64_t cols, acc_t scale, const acc_t* mask, int
 // so the row, NaN, as in softmax.
 template <typename acc_t>
 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void fold_block(
-    const Operands<acc_t>& in, int64_t b, int64_t q0, int64_t k0, int64_t rows, int64_t cols, acc_t* scores,
+    const TiledOperands<acc_t>& in, int64_t b, int64_t q0, int64_t k0, int64_t rows, int64_t cols, acc_t* scores,
     acc_t* max, acc_t* sum, acc_t* acc) {
   for (int64_t r = 0; r < rows; ++r) {
     acc_t* s = scores + r * cols;
@@ -195,7 +127,7 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void fold_bl
 // A row whose lse is -inf (it saw no key) gets -inf - -inf = NaN, as its softmax was.
 template <typename acc_t>
 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void probabilities_block(
-    const Operands<acc_t>& in, int64_t b, int64_t q0, int64_t k0, int64_t rows, int64_t cols, const acc_t* lse,
+    const TiledOperands<acc_t>& in, int64_t b, int64_t q0, int64_t k0, int64_t rows, int64_t cols, const acc_t* lse,
     acc_t* scores) {
   for (int64_t r = 0; r < rows; ++r) {
     acc_t* s = scores + r * cols;
@@ -217,26 +149,12 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void score_g
   }
 }
 
-// Runs body(task, scratch) for every task in [0, count) on the intra-op threads, each thread
-// taking the next task when it finishes one, with a Scratch of its own. On a shared machine a
-// thread that is descheduled then holds up only the task it is in, where at::parallel_for's
-// fixed split would leave the others waiting for its whole share.
-template <typename Scratch, typename Body>
-void run_tasks(int64_t count, const std::function<Scratch()>& make_scratch, const Body& body) {
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), count);
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch scratch = make_scratch();
-    for (int64_t task = next++; task < count; task = next++) body(task, scratch);
-  });
-}
-
 // ---- Forward ----
 
 // Output rows [q0, q0 + rows) of batch b, and their log-sum-exp, over key blocks with the
 // online softmax; out and lse point at row q0.
 template <typename acc_t>
-void forward_query_block(const Operands<acc_t>& in, int64_t b, int64_t q0, std::vector<acc_t>& scores,
+void forward_query_block(const TiledOperands<acc_t>& in, int64_t b, int64_t q0, std::vector<acc_t>& scores,
                          std::vector<acc_t>& acc, acc_t* out, acc_t* lse) {
   const Sizes& n = in.sizes;
   const int64_t rows = std::min(kQueryBlock, n.q_len - q0);
@@ -261,7 +179,7 @@ void forward_query_block(const Operands<acc_t>& in, int64_t b, int64_t q0, std::
 // out [batch, q_len, value_dim] and lse [batch, q_len], both fresh and contiguous; tasks are
 // (batch, query block) pairs.
 template <typename acc_t>
-void forward_all_blocks(const Operands<acc_t>& in, acc_t* out, acc_t* lse) {
+void forward_all_blocks(const TiledOperands<acc_t>& in, acc_t* out, acc_t* lse) {
   const Sizes& n = in.sizes;
   const int64_t blocks = (n.q_len + kQueryBlock - 1) / kQueryBlock;
   using Scratch = std::pair<std::vector<acc_t>, std::vector<acc_t>>;  // scores, accumulated rows
@@ -288,7 +206,7 @@ struct Gradients {
 // Adds key block k0's share to dq and writes its rows of dk and dv, recomputing the probabilities
 // of every query block that sees it (FlashAttention-2).
 template <typename acc_t>
-void backward_key_block(const Operands<acc_t>& in, const Gradients<acc_t>& g, int64_t b, int64_t k0,
+void backward_key_block(const TiledOperands<acc_t>& in, const Gradients<acc_t>& g, int64_t b, int64_t k0,
                         std::vector<acc_t>& p, std::vector<acc_t>& dp) {
   const Sizes& n = in.sizes;
   const int64_t cols = std::min(kKeyBlock, n.k_len - k0);
@@ -317,7 +235,7 @@ void backward_key_block(const Operands<acc_t>& in, const Gradients<acc_t>& g, in
 // g.dq's `shares`), summed afterwards. One share per batch unless there are fewer batches than
 // threads.
 template <typename acc_t>
-void backward_all_blocks(const Operands<acc_t>& in, Gradients<acc_t> g, int64_t shares) {
+void backward_all_blocks(const TiledOperands<acc_t>& in, Gradients<acc_t> g, int64_t shares) {
   const Sizes& n = in.sizes;
   const int64_t key_blocks = (n.k_len + kKeyBlock - 1) / kKeyBlock;
   using Scratch = std::pair<std::vector<acc_t>, std::vector<acc_t>>;  // probabilities, their gradients
@@ -379,28 +297,15 @@ bool hidden_blocks_skippable_in_backward(const torch::Tensor& q, const torch::Te
 }
 
 template <typename acc_t>
-Operands<acc_t> operands(const Sizes& sizes, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                         const torch::Tensor& mask, bool causal, double scale, bool skip_hidden_blocks) {
-  Operands<acc_t> in{sizes, matrices_of<const acc_t>(q), matrices_of<const acc_t>(k), matrices_of<const acc_t>(v), {},
-                     static_cast<acc_t>(scale), causal, skip_hidden_blocks};
-  if (mask.defined()) in.mask = matrices_of<const acc_t>(mask);
-  return in;
+TiledOperands<acc_t> tiled_operands(const Sizes& sizes, const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v, const torch::Tensor& mask, bool causal, double scale,
+                                    bool skip_hidden_blocks) {
+  return {operands_of<acc_t, acc_t>(sizes, q, k, v, mask, causal, scale), skip_hidden_blocks};
 }
-
-// The batch shape followed by `last`.
-std::vector<int64_t> shaped(const torch::Tensor& like, std::initializer_list<int64_t> last) {
-  std::vector<int64_t> shape(like.sizes().begin(), like.sizes().end() - 2);
-  shape.insert(shape.end(), last);
-  return shape;
-}
-
-struct TiledForward {
-  torch::Tensor out, lse;
-};
 
 // q, k, v [batch..., len, dim] of one batch shape and dtype; mask additive in the accumulation
 // dtype, expanded to [batch..., q_len, k_len], or undefined.
-TiledForward tiled_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+ForwardResult tiled_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                            const torch::Tensor& mask, bool causal, double scale) {
   const at::ScalarType acc = accumulation_dtype(q);
   const Sizes n = sizes_of(q, k, v);
@@ -409,7 +314,7 @@ TiledForward tiled_forward(const torch::Tensor& q, const torch::Tensor& k, const
   torch::Tensor out = at::empty(shaped(q, {n.q_len, n.value_dim}), q.options().dtype(acc));
   torch::Tensor lse = at::empty({n.batch, n.q_len}, q.options().dtype(acc));
   AT_DISPATCH_FLOATING_TYPES(acc, "attention", [&] {
-    forward_all_blocks(operands<scalar_t>(n, q_ready, k_ready, v_ready, mask, causal, scale, skip),
+    forward_all_blocks(tiled_operands<scalar_t>(n, q_ready, k_ready, v_ready, mask, causal, scale, skip),
                        out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>());
   });
   return {out.to(q.scalar_type()), lse};
@@ -433,7 +338,7 @@ variable_list tiled_backward(const torch::Tensor& q, const torch::Tensor& k, con
     const Gradients<scalar_t> g{matrices_of<const scalar_t>(out_grad_ready), lse.data_ptr<scalar_t>(),
                                 delta.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(),
                                 dv.data_ptr<scalar_t>()};
-    backward_all_blocks(operands<scalar_t>(n, q_ready, k_ready, v_ready, mask, causal, scale, skip), g, shares);
+    backward_all_blocks(tiled_operands<scalar_t>(n, q_ready, k_ready, v_ready, mask, causal, scale, skip), g, shares);
   });
   const torch::Tensor dq_total = shares == 1 ? dq[0] : dq.sum(0);
   const auto dtype = q.scalar_type();
@@ -513,7 +418,8 @@ struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
       ctx->save_for_backward({q, k, v, additive, torch::Tensor(), torch::Tensor()});
       return unfused_attention(q, k, v, additive, causal, scale);
     }
-    const TiledForward result = tiled_forward(q, k, v, additive, causal, scale);
+    const ForwardResult result = short_kernel_applies(q, k.size(-2)) ? short_forward(q, k, v, additive, causal, scale)
+                                                                     : tiled_forward(q, k, v, additive, causal, scale);
     ctx->save_for_backward({q, k, v, additive, result.out, result.lse});
     return result.out;
   }
@@ -527,6 +433,8 @@ struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
     // written through data_ptr, would silently not be.
     const variable_list grads = torch::GradMode::is_enabled() || !saved[5].defined()
                                     ? unfused_backward(q, k, v, mask, causal, scale, grad_outputs[0])
+                                : short_kernel_applies(q, k.size(-2))
+                                    ? short_backward(q, k, v, mask, causal, scale, saved[4], saved[5], grad_outputs[0])
                                     : tiled_backward(q, k, v, mask, causal, scale, saved[4], saved[5], grad_outputs[0]);
     return {grads[0], grads[1], grads[2], torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
@@ -622,7 +530,9 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_in, co
   c10::optional<torch::Tensor> expanded_mask;
   if (mask.defined()) expanded_mask = mask.expand(with_last(batch, q_len, k_len));
   const double softmax_scale = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-  if (bf16_composition_is_faster(q, q_len, k_len)) return bf16_composition(q, k, v, mask, causal, softmax_scale);
+  if (!short_kernel_applies(q, k_len) && bf16_composition_is_faster(q, q_len, k_len)) {
+    return bf16_composition(q, k, v, mask, causal, softmax_scale);
+  }
   return AttentionFunction::apply(q.expand(with_last(batch, q_len, q.size(-1))),
                                   k.expand(with_last(batch, k_len, k.size(-1))),
                                   v.expand(with_last(batch, k_len, v.size(-1))), expanded_mask, causal, softmax_scale);

@@ -10,22 +10,18 @@
 #include <vector>
 
 #include "autocast_argument.h"
+#include "simd.h"
 
 namespace afterburner::kernels {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+using simd::kLanes;
+using simd::load;
+using simd::store;
+using simd::Vec;
 
-// 16 fp32 lanes (one AVX-512 register; two AVX2 ones in the avx2 clone): the kernels keep their
-// sums in these, one per filter tap, over 16 channels at a time. The helpers taking and returning
-// them are always inlined into the kernels, each compiled per instruction set, so the ABI of a
-// vector passed by value between functions (GCC's -Wpsabi note) never applies.
-#pragma GCC diagnostic ignored "-Wpsabi"
-using Vec = float __attribute__((vector_size(64)));
-using Bits = uint32_t __attribute__((vector_size(64)));
-using Halves = uint16_t __attribute__((vector_size(32)));
-constexpr int64_t kLanes = 16;
 // Work items of the weight gradient (channel blocks x parts of the batch): enough for two threads
 // to share evenly, and a function of the shape alone, so that the sums' order, and with it the
 // result, does not depend on the thread count.
@@ -37,39 +33,6 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 std::vector<int64_t> both_dims(at::IntArrayRef values) {
   return values.size() == 1 ? std::vector<int64_t>{values[0], values[0]} : values.vec();
 }
-
-__attribute__((always_inline)) inline Vec load(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// bf16 is the upper half of an fp32: widening is a shift.
-__attribute__((always_inline)) inline Vec load(const c10::BFloat16* p) {
-  Halves h;
-  std::memcpy(&h, p, sizeof h);
-  const Bits bits = __builtin_convertvector(h, Bits) << 16;
-  Vec v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
-
-// The first `lanes` (< kLanes) values at p, the other lanes 0: the last block of a channel count
-// that is not a multiple of kLanes, read without reaching past the tensor's end.
-template <typename T>
-__attribute__((always_inline)) inline Vec load_partial(const T* p, int64_t lanes) {
-  T values[kLanes] = {};
-  std::memcpy(values, p, lanes * sizeof(T));
-  return load(values);
-}
-
-// A whole vector at p where `full`, else its first `lanes` values.
-template <bool full, typename T>
-__attribute__((always_inline)) inline Vec load(const T* p, int64_t lanes) {
-  return full ? load(p) : load_partial(p, lanes);
-}
-
-__attribute__((always_inline)) inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 
 // A depthwise convolution's sizes; x [N, H, W, C] and grad_y [N, OH, OW, C] are channels_last.
 struct Geometry {

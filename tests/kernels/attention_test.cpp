@@ -1,8 +1,10 @@
 // kernels::attention against LibTorch's unfused composition softmax(q k^T * scale + mask) v,
 // computed in double from the same input values: outputs and the gradients of q, k and v, at
-// one row, odd and unequal lengths across the block edges (64 query, 128 key rows), head
-// dimensions 8, 64 and 80, without a mask, with a bool and a float mask, causal, in fp32, bf16
-// and double; finite differences in double; rows that see no key; broadcasting; bad arguments.
+// one row, odd and unequal lengths across the block edges of both kernels (the tiled one's 64
+// query and 128 key rows; the short-key one's 128 keys, 16- and 8-row chunks and 64-row tasks),
+// head dimensions 8, 12, 64 and 80, without a mask, with a bool and a float mask, causal, in
+// fp32, bf16 and double; finite differences in double; rows that see no key; broadcasting;
+// MultiheadAttention's transposed layouts; thread counts; bad arguments.
 // The kernel contract (inputs unchanged, fresh outputs, second calls, NaN and infinities) is in
 // invariants_test.cpp.
 #include "afterburner/kernels/attention.h"
@@ -105,12 +107,16 @@ void expect_matches_reference(const Problem& p, torch::Dtype dtype, Tolerance to
   }
 }
 
-// Shapes across the block edges (64 query rows, 128 key rows): one row, lengths 7, 129 and 300,
-// Lq != Lk both ways, batch 1, head dimensions 8, 64 and 80.
+// Shapes across the block edges: one row, lengths 7, 129 and 300, Lq != Lk both ways, batch 1,
+// head dimensions 8, 64 and 80 (the tiled kernel: more than 128 keys, or double); and for the
+// short-key kernel (fp32 and bf16, up to 128 keys) 17 rows (a 16-row chunk and an 8-row one), 25
+// (16 + 9), 70 (two tasks), 128 keys, head dimension 12 (not a multiple of its 8 columns).
 const std::vector<Problem> kShapes{
-    {1, 1, 1, 1, 8, MaskKind::none, false},    {2, 3, 7, 7, 8, MaskKind::none, false},
+    {1, 1, 1, 1, 8, MaskKind::none, false},      {2, 3, 7, 7, 8, MaskKind::none, false},
     {1, 2, 129, 300, 64, MaskKind::none, false}, {2, 1, 300, 129, 80, MaskKind::none, false},
-    {1, 1, 7, 1, 64, MaskKind::none, false},   {1, 2, 1, 129, 80, MaskKind::none, false},
+    {1, 1, 7, 1, 64, MaskKind::none, false},     {1, 2, 1, 129, 80, MaskKind::none, false},
+    {3, 4, 17, 17, 8, MaskKind::none, false},    {2, 2, 25, 128, 12, MaskKind::none, false},
+    {1, 3, 70, 49, 64, MaskKind::none, false},
 };
 
 std::vector<Problem> every_mask_and_causality() {
@@ -178,21 +184,26 @@ TEST(Attention, ScaleDefaultsToOneOverTheSquareRootOfTheHeadDimension) {
 TEST(Attention, RowsThatSeeNoKeyAreNaNAsInTheUnfusedOps) {
   for (const torch::Dtype dtype : {torch::kFloat, torch::kDouble}) {
     for (const bool causal : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << (causal ? ", causal" : ""));
-      const Problem p{2, 2, 70, 140, 8, MaskKind::boolean, causal};
-      Drawn d = draw(p, dtype);
-      d.mask = torch::ones({2, 1, 70, 140}, torch::kBool);
-      (*d.mask)[1][0][3].fill_(false);   // batch 1: row 3 sees nothing
-      (*d.mask)[0][0][66].fill_(false);  // batch 0: row 66, in the second query block
-      const torch::Tensor ours = attention(d.q, d.k, d.v, d.mask, causal);
-      const torch::Tensor expected = reference(d.q, d.k, d.v, d.mask, causal, 1.0 / std::sqrt(8.0));
-      EXPECT_TRUE(ours[1][0][3].isnan().all().item<bool>());
-      EXPECT_TRUE(ours[1][0][4].isfinite().all().item<bool>());
-      EXPECT_TRUE(Close(ours, expected, {1e-5, 1e-5}));
-      const torch::Tensor upstream = torch::randn(expected.sizes(), torch::kDouble);
-      const auto our_grads = torch::autograd::grad({ours}, {d.q, d.k, d.v}, {upstream.to(dtype)});
-      const auto expected_grads = torch::autograd::grad({expected}, {d.q, d.k, d.v}, {upstream});
-      for (int i = 0; i < 3; ++i) EXPECT_TRUE(Close(our_grads[i], expected_grads[i], {1e-5, 1e-5})) << "gradient " << i;
+      for (const int64_t keys : {140, 20}) {  // the tiled kernel's and the short-key one's
+        SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << (causal ? ", causal" : "") << ", " << keys
+                                          << " keys");
+        const Problem p{2, 2, 70, keys, 8, MaskKind::boolean, causal};
+        Drawn d = draw(p, dtype);
+        d.mask = torch::ones({2, 1, 70, keys}, torch::kBool);
+        (*d.mask)[1][0][3].fill_(false);   // batch 1: row 3 sees nothing
+        (*d.mask)[0][0][66].fill_(false);  // batch 0: row 66, in the second query block
+        const torch::Tensor ours = attention(d.q, d.k, d.v, d.mask, causal);
+        const torch::Tensor expected = reference(d.q, d.k, d.v, d.mask, causal, 1.0 / std::sqrt(8.0));
+        EXPECT_TRUE(ours[1][0][3].isnan().all().item<bool>());
+        EXPECT_TRUE(ours[1][0][4].isfinite().all().item<bool>());
+        EXPECT_TRUE(Close(ours, expected, {1e-5, 1e-5}));
+        const torch::Tensor upstream = torch::randn(expected.sizes(), torch::kDouble);
+        const auto our_grads = torch::autograd::grad({ours}, {d.q, d.k, d.v}, {upstream.to(dtype)});
+        const auto expected_grads = torch::autograd::grad({expected}, {d.q, d.k, d.v}, {upstream});
+        for (int i = 0; i < 3; ++i) {
+          EXPECT_TRUE(Close(our_grads[i], expected_grads[i], {1e-5, 1e-5})) << "gradient " << i;
+        }
+      }
     }
   }
 }
@@ -212,20 +223,22 @@ TEST(Attention, AnAdditiveMinusInfinityRowIsNaNToo) {
 // computes the hidden blocks it otherwise leaves out; an infinity in v likewise (0 * inf).
 TEST(Attention, CausalHiddenBlocksPropagateNonFiniteValuesAsTheUnfusedOps) {
   for (const int which : {1, 2}) {
-    SCOPED_TRACE(which == 1 ? "NaN in k" : "inf in v");
-    const Problem p{1, 1, 200, 200, 8, MaskKind::none, true};
-    Drawn d = draw(p, torch::kFloat);
-    {
-      torch::NoGradGuard no_grad;
-      (which == 1 ? d.k : d.v)[0][0][190][1] = which == 1 ? NAN : INFINITY;
+    for (const int64_t length : {200, 40}) {  // the tiled kernel's blocks, the short-key kernel's rows
+      SCOPED_TRACE(::testing::Message() << (which == 1 ? "NaN in k" : "inf in v") << ", length " << length);
+      const Problem p{1, 1, length, length, 8, MaskKind::none, true};
+      Drawn d = draw(p, torch::kFloat);
+      {
+        torch::NoGradGuard no_grad;
+        (which == 1 ? d.k : d.v)[0][0][length - 10][1] = which == 1 ? NAN : INFINITY;
+      }
+      const torch::Tensor ours = attention(d.q, d.k, d.v, c10::nullopt, true);
+      const torch::Tensor expected = reference(d.q, d.k, d.v, c10::nullopt, true, 1.0 / std::sqrt(8.0));
+      EXPECT_TRUE(Close(ours, expected, {1e-5, 1e-5}));
+      const torch::Tensor upstream = torch::randn(expected.sizes(), torch::kDouble);
+      const auto our_grads = torch::autograd::grad({ours}, {d.q, d.k, d.v}, {upstream.to(torch::kFloat)});
+      const auto expected_grads = torch::autograd::grad({expected}, {d.q, d.k, d.v}, {upstream});
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(Close(our_grads[i], expected_grads[i], {1e-5, 1e-5})) << "gradient " << i;
     }
-    const torch::Tensor ours = attention(d.q, d.k, d.v, c10::nullopt, true);
-    const torch::Tensor expected = reference(d.q, d.k, d.v, c10::nullopt, true, 1.0 / std::sqrt(8.0));
-    EXPECT_TRUE(Close(ours, expected, {1e-5, 1e-5}));
-    const torch::Tensor upstream = torch::randn(expected.sizes(), torch::kDouble);
-    const auto our_grads = torch::autograd::grad({ours}, {d.q, d.k, d.v}, {upstream.to(torch::kFloat)});
-    const auto expected_grads = torch::autograd::grad({expected}, {d.q, d.k, d.v}, {upstream});
-    for (int i = 0; i < 3; ++i) EXPECT_TRUE(Close(our_grads[i], expected_grads[i], {1e-5, 1e-5})) << "gradient " << i;
   }
 }
 
@@ -269,6 +282,56 @@ TEST(Attention, FollowsAutocast) {
   EXPECT_TRUE(afterburner::testing::BitwiseEqual(ours, expected));
   const auto grads = torch::autograd::grad({ours.to(torch::kFloat).sum()}, {d.q, d.k, d.v});
   for (const auto& g : grads) EXPECT_EQ(g.scalar_type(), torch::kFloat);
+}
+
+// q, k and v as MultiheadAttention hands them over: [B, H, L, D] views of its [B, L, H * D]
+// projections. The results equal those of contiguous copies, bit for bit, in fp32 and bf16, with
+// both kernels; the output of the short-key kernel comes laid out as [B, L, H, D], so that
+// MultiheadAttention's transpose back is a view, and the gradients in their inputs' layouts.
+TEST(Attention, ReadsMultiheadAttentionsTransposedViewsInPlace) {
+  for (const torch::Dtype dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const int64_t length : {17, 150}) {
+      SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << ", length " << length);
+      torch::manual_seed(11);
+      const int64_t batch = 3, heads = 4, dim = 8;
+      const auto projection = [&] {
+        const torch::Tensor rows = torch::randn({batch, length, heads * dim}).to(dtype);
+        return rows.reshape({batch, length, heads, dim}).transpose(1, 2);
+      };
+      const torch::Tensor q = projection().requires_grad_(), k = projection().requires_grad_(),
+                          v = projection().requires_grad_();
+      const torch::Tensor out = attention(q, k, v);
+      const torch::Tensor upstream = torch::randn(out.sizes()).to(dtype);
+      const auto grads = torch::autograd::grad({out}, {q, k, v}, {upstream});
+      std::vector<torch::Tensor> copies;
+      for (const auto& t : {q, k, v}) copies.push_back(t.detach().contiguous().requires_grad_());
+      const torch::Tensor expected = attention(copies[0], copies[1], copies[2]);
+      const auto expected_grads = torch::autograd::grad({expected}, copies, {upstream});
+      EXPECT_TRUE(torch::equal(out, expected));
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(grads[i], expected_grads[i])) << "gradient " << i;
+      if (length <= 128) {
+        EXPECT_TRUE(out.transpose(1, 2).is_contiguous());
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(grads[i].strides(), (i == 0 ? q : i == 1 ? k : v).strides()) << i;
+      }
+    }
+  }
+}
+
+// Each task computes whole rows (and the backward whole matrices) in a fixed order: the result
+// does not depend on the number of threads, bit for bit.
+TEST(Attention, ShortKeysGiveTheSameBitsOnOneAndTwoThreads) {
+  const Drawn d = draw({5, 3, 70, 33, 16, MaskKind::boolean, true}, torch::kFloat);
+  const auto run = [&](int threads) {
+    at::set_num_threads(threads);
+    const torch::Tensor out = attention(d.q, d.k, d.v, d.mask, true);
+    auto grads = torch::autograd::grad({out}, {d.q, d.k, d.v}, {torch::ones_like(out)});
+    grads.push_back(out);
+    return grads;
+  };
+  const int threads = at::get_num_threads();
+  const auto one = run(1), two = run(2);
+  at::set_num_threads(threads);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(afterburner::testing::BitwiseEqual(one[i], two[i])) << i;
 }
 
 // Empty sequences: no key gives zeros (the composition's empty sum), no query an empty result.

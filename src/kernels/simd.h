@@ -1,0 +1,74 @@
+// 16 fp32 lanes as GCC vector extensions, for the kernels that keep their sums in registers
+// (conv2d's depthwise weight gradient, short_attention's rows of scores). Internal to src/kernels.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace afterburner::kernels::simd {
+
+// 16 fp32 lanes (one AVX-512 register; two AVX2 ones in the avx2 clone). The helpers taking and
+// returning them are always inlined into the kernels, each compiled per instruction set, so the
+// ABI of a vector passed by value between functions (GCC's -Wpsabi note, off) never applies.
+using Vec = float __attribute__((vector_size(64)));
+using Bits = uint32_t __attribute__((vector_size(64)));
+using Halves = uint16_t __attribute__((vector_size(32)));
+constexpr int64_t kLanes = 16;
+
+__attribute__((always_inline)) inline Vec load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// bf16 is the upper half of an fp32: widening is a shift.
+__attribute__((always_inline)) inline Vec load(const c10::BFloat16* p) {
+  Halves h;
+  std::memcpy(&h, p, sizeof h);
+  const Bits bits = __builtin_convertvector(h, Bits) << 16;
+  Vec v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+// The first `lanes` (< kLanes) values at p, the other lanes 0: the last block of a row whose length
+// is not a multiple of kLanes, read without reaching past the tensor's end.
+template <typename T>
+__attribute__((always_inline)) inline Vec load_partial(const T* p, int64_t lanes) {
+  T values[kLanes] = {};
+  std::memcpy(values, p, lanes * sizeof(T));
+  return load(values);
+}
+
+// A whole vector at p where `full`, else its first `lanes` values.
+template <bool full, typename T>
+__attribute__((always_inline)) inline Vec load(const T* p, int64_t lanes) {
+  return full ? load(p) : load_partial(p, lanes);
+}
+
+__attribute__((always_inline)) inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+
+// exp_nonpositive (exp_nonpositive.h) on every lane of a GCC vector of floats V: the same steps,
+// as vector operations.
+template <typename V>
+struct IntsOf {
+  typedef int32_t type __attribute__((vector_size(sizeof(V))));
+};
+
+template <typename V>
+__attribute__((always_inline)) inline V exp_nonpositive(V v) {
+  using Ints = typename IntsOf<V>::type;
+  const V x = v >= -87.3f ? v : V{} - 87.3f;
+  const V n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+  const V r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+  V p = V{} + 1.0f / 5040;
+  for (const float coefficient : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = p * r + coefficient;
+  const Ints exponent_bits = (__builtin_convertvector(n, Ints) + 127) << 23;
+  V two_to_n;
+  std::memcpy(&two_to_n, &exponent_bits, sizeof two_to_n);
+  return v >= -87.3f ? p * two_to_n : (v != v ? v : V{});
+}
+
+}  // namespace afterburner::kernels::simd
