@@ -194,6 +194,22 @@ void remove_dropout_of_zero(jit::Block* block) {
   }
 }
 
+// Every other aten::dropout as afterburner::dropout: LibTorch's eager answer from the same random
+// draws, drawn in bulk (kernels/dropout.h); the executor's lowering above is not applied to it.
+void dropout_onto_ours(jit::Block* block) {
+  static const c10::Symbol ours = c10::Symbol::fromQualString("afterburner::dropout");
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    jit::Node* node = *it++;
+    for (jit::Block* inner : node->blocks()) dropout_onto_ours(inner);
+    if (node->kind() != c10::aten::dropout) continue;
+    jit::Node* replacement = block->owningGraph()->create(ours, node->inputs());
+    replacement->insertBefore(node);
+    replacement->output()->setType(node->output()->type());
+    node->output()->replaceAllUsesWith(replacement->output());
+    node->destroy();
+  }
+}
+
 // Inlines `graph` (submodules' forwards become part of it, so patterns span them) and rewrites
 // its fusable patterns in place, saying what it fused and what it left.
 void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fused,
@@ -210,6 +226,7 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
   // `if stride is None:`): folding those on the now constant options exposes the ops themselves.
   jit::ConstantPropagation(graph, /*ignore_custom_classes=*/true);
   remove_dropout_of_zero(graph->block());
+  dropout_onto_ours(graph->block());
   // An attention's weights that its caller drops (`out, _ = self.attention(x, x, x)`) are computed
   // by nothing once the tuple between them is gone.
   jit::LowerSimpleTuples(graph);
@@ -226,7 +243,8 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
   for (const auto& [op, what] : {Kind{"afterburner::relu_max_pool2d", "relu + max_pool2d"},
                                  Kind{"afterburner::conv2d_relu", "conv2d + relu"},
                                  Kind{"afterburner::linear_relu", "linear + relu"},
-                                 Kind{"afterburner::conv2d", "conv2d"}}) {
+                                 Kind{"afterburner::conv2d", "conv2d"},
+                                 Kind{"afterburner::dropout", "dropout"}}) {
     if (const int n = count(graph, c10::Symbol::fromQualString(op))) fused.push_back(fmt::format("{} x {}", n, what));
   }
   if (const int left = count(graph, c10::aten::relu) + count(graph, c10::aten::relu_)) {

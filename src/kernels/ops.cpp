@@ -7,6 +7,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/kernels/attention.h"
+#include "afterburner/kernels/dropout.h"
 #include "afterburner/kernels/conv_relu.h"
 #include "afterburner/kernels/cross_entropy.h"
 #include "afterburner/kernels/conv2d.h"
@@ -136,6 +137,9 @@ TORCH_LIBRARY(afterburner, m) {
   m.def("attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, bool is_causal=False, "
         "float? scale=None) -> Tensor");
   register_kernels<attention>(m, "attention");
+  // aten::dropout's answer, bit for bit from the same draws of the default CPU generator, drawn in
+  // bulk (kernels::dropout); autograd through the ATen ops it ends in.
+  m.def("dropout(Tensor input, float p, bool train) -> Tensor", dropout);
   // One in-place step of torch.optim.SGD / AdamW over all the tensors given, in one fused pass
   // (kernels::sgd_step / adamw_step); run under no_grad, as optimizers step.
   m.def("sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, bool[] fresh, float lr, "

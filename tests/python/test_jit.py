@@ -43,7 +43,8 @@ def test_fused_copy_computes_and_trains_as_the_module(kind, batch):
     module = compiled(kind, UserNet())
     code_before = module.code
     fused, report = jit.fuse(module)
-    assert report.fused == ["2 x relu + max_pool2d", "1 x conv2d + relu", "1 x linear + relu", "2 x conv2d"], report
+    assert report.fused == ["2 x relu + max_pool2d", "1 x conv2d + relu", "1 x linear + relu", "2 x conv2d",
+                            "1 x dropout"], report
     assert "afterburner::" in str(fused.graph) and "afterburner::" not in str(module.inlined_graph)
     assert module.code == code_before
     assert all(a is b for a, b in zip(fused.parameters(), module.parameters()))
@@ -108,9 +109,10 @@ def test_what_does_not_fuse_is_said_and_bad_input_is_one_error():
                                           "afterburner.jit.fuse(torch.jit.script(model)) fuses a forward of its own"]
 
 
-def test_dropout_of_probability_zero_is_its_input_and_others_stay():
+def test_dropout_of_probability_zero_is_its_input_and_others_draw_as_torch():
     """LibTorch's dropout returns its input for p = 0; TorchScript's executor would draw a mask of
-    ones for it. Other probabilities stay, and draw."""
+    ones for it. Other probabilities draw on afterburner::dropout: the same masks from the same
+    seed as eager torch's dropout, bit for bit, and the generator left where torch's leaves it."""
     class Dropouts(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -122,13 +124,19 @@ def test_dropout_of_probability_zero_is_its_input_and_others_stay():
             y = self.none(self.fc(x))
             return y, self.some(F.dropout(y, 0.0, True))
 
-    module = torch.jit.script(Dropouts())
+    model = Dropouts()
+    module = torch.jit.script(model)
     fused, _ = jit.fuse(module)
-    assert str(fused.graph).count("aten::dropout(") == 1  # the p = 0.5 one
+    graph = str(fused.graph)
+    assert graph.count("afterburner::dropout(") == 1 and "aten::dropout(" not in graph  # the p = 0.5 one
     x = torch.randn(4, 6)
     for _ in range(2):
-        got, want = fused(x), module(x)
-        torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+        torch.manual_seed(3)
+        got, got_next = fused(x), torch.rand(3)
+        torch.manual_seed(3)
+        want, want_next = model(x), torch.rand(3)  # eager: the scripted module's executor draws for p = 0 too
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert torch.equal(got_next, want_next)
         assert not torch.equal(fused(x)[1], got[1]), "p = 0.5 draws anew"
 
 

@@ -91,7 +91,7 @@ def ran_fused(call):
 def check_as_module(model, inputs, kind, dtype, batch, tolerance):
     module = torch.jit.script(model.to(dtype))
     fused, report = jit.fuse(module)
-    assert report.fused == ["1 x multi-head attention"], report
+    assert report.fused == ["1 x multi-head attention", "2 x dropout"], report  # MHA's, where it runs as MHA
     key_padding_mask, attn_mask = masks(kind, batch, LENGTH, inputs[-1].shape[0 if not model.attention.batch_first
                                                                                     else 1], dtype)
     arguments = (*inputs, key_padding_mask, attn_mask)
@@ -245,7 +245,8 @@ def test_transformer_encoder_trains_and_evaluates_as_the_module(batch_first, nor
     torch.manual_seed(0)
     module = torch.jit.script(Encoder(batch_first, norm_first))
     fused, report = jit.fuse(module)
-    assert report.fused == ["2 x multi-head attention", "2 x linear + relu"], report  # the feed-forward's
+    # the feed-forward's linear + relu; dropout of the layers and of MHA where it runs as MHA
+    assert report.fused == ["2 x multi-head attention", "2 x linear + relu", "4 x dropout"], report
     x = sequences(3, LENGTH, batch_first, torch.float)
     key_padding_mask = masks("padding bool", 3, LENGTH, LENGTH, torch.float)[0] if padding else None
     parameters = list(module.parameters())
