@@ -366,22 +366,29 @@ torch::Tensor unfused_probabilities(const torch::Tensor& q, const torch::Tensor&
   return unfused_probabilities_of_scores(at::matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale, mask, causal);
 }
 
+// The probabilities times the dropout factors, where there are any.
+torch::Tensor dropped(const torch::Tensor& p, const torch::Tensor& dropout) {
+  return dropout.defined() ? p * dropout : p;
+}
+
 torch::Tensor unfused_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                const torch::Tensor& mask, bool causal, double scale) {
-  const torch::Tensor p = unfused_probabilities(q, k, mask, causal, scale);
+                                const torch::Tensor& mask, const torch::Tensor& dropout, bool causal, double scale) {
+  const torch::Tensor p = dropped(unfused_probabilities(q, k, mask, causal, scale), dropout);
   return at::matmul(p, v.to(p.scalar_type())).to(q.scalar_type());
 }
 
-// The same gradients as fused_backward, in LibTorch's differentiable ops.
+// The same gradients as the kernels', in LibTorch's differentiable ops: with A = P * dropout, dA =
+// dO v^T, dP = dA * dropout, dS = P (dP - sum(dP P)) * scale (the sum is dO . O).
 variable_list unfused_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               const torch::Tensor& mask, bool causal, double scale, const torch::Tensor& out_grad) {
+                               const torch::Tensor& mask, const torch::Tensor& dropout, bool causal, double scale,
+                               const torch::Tensor& out_grad) {
   const torch::Tensor p = unfused_probabilities(q, k, mask, causal, scale);
   const at::ScalarType acc = p.scalar_type(), dtype = q.scalar_type();
   const torch::Tensor dout = out_grad.to(acc);
-  const torch::Tensor dp = at::matmul(dout, v.to(acc).transpose(-2, -1));
+  const torch::Tensor dp = dropped(at::matmul(dout, v.to(acc).transpose(-2, -1)), dropout);
   const torch::Tensor ds = p * (dp - (dp * p).sum(-1, true)) * scale;
   return {at::matmul(ds, k.to(acc)).to(dtype), at::matmul(ds.transpose(-2, -1), q.to(acc)).to(dtype),
-          at::matmul(p.transpose(-2, -1), dout).to(dtype)};
+          at::matmul(dropped(p, dropout).transpose(-2, -1), dout).to(dtype)};
 }
 
 // softmax(q k^T * scale + mask + causal mask) v for bf16 q, k, v with LibTorch's bf16 matmuls
@@ -391,10 +398,10 @@ variable_list unfused_backward(const torch::Tensor& q, const torch::Tensor& k, c
 // backward: with bf16 probabilities, whose rows do not sum to 1, p * (dp - sum(dp * p)) leaves up
 // to 4% of the gradients' scale where they cancel to 0 (keys and values alike).
 torch::Tensor bf16_composition(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               const torch::Tensor& mask, bool causal, double scale) {
+                               const torch::Tensor& mask, const torch::Tensor& dropout, bool causal, double scale) {
   const torch::Tensor p = unfused_probabilities_of_scores(at::matmul(q, k.transpose(-2, -1)).to(at::kFloat) * scale,
                                                           mask, causal);
-  return at::matmul(p.to(at::kBFloat16), v);
+  return at::matmul(dropped(p, dropout).to(at::kBFloat16), v);
 }
 
 // Where LibTorch's bf16 matmuls outrun the kernel, whose block GEMMs run in fp32: bf16 on a CPU
@@ -408,35 +415,39 @@ bool bf16_composition_is_faster(const torch::Tensor& q, int64_t q_len, int64_t k
 // ---- The autograd node ----
 
 struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
+  // The tiled kernel takes no dropout factors (attention() sends those to the composition).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, const c10::optional<torch::Tensor>& mask, bool causal,
-                               double scale) {
-    const torch::Tensor additive = mask.value_or(torch::Tensor());
+                               const torch::Tensor& v, const c10::optional<torch::Tensor>& mask,
+                               const c10::optional<torch::Tensor>& dropout, bool causal, double scale) {
+    const torch::Tensor additive = mask.value_or(torch::Tensor()), factors = dropout.value_or(torch::Tensor());
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
     if (k.size(-2) == 0 || q.size(-2) == 0 || v.size(-1) == 0) {  // nothing to tile: the composition's zeros
-      ctx->save_for_backward({q, k, v, additive, torch::Tensor(), torch::Tensor()});
-      return unfused_attention(q, k, v, additive, causal, scale);
+      ctx->save_for_backward({q, k, v, additive, factors, torch::Tensor(), torch::Tensor()});
+      return unfused_attention(q, k, v, additive, factors, causal, scale);
     }
-    const ForwardResult result = short_kernel_applies(q, k.size(-2)) ? short_forward(q, k, v, additive, causal, scale)
-                                                                     : tiled_forward(q, k, v, additive, causal, scale);
-    ctx->save_for_backward({q, k, v, additive, result.out, result.lse});
+    const ForwardResult result = short_kernel_applies(q, k.size(-2))
+                                     ? short_forward(q, k, v, additive, factors, causal, scale)
+                                     : tiled_forward(q, k, v, additive, causal, scale);
+    ctx->save_for_backward({q, k, v, additive, factors, result.out, result.lse});
     return result.out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &mask = saved[3];
+    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &mask = saved[3], &dropout = saved[4];
+    const torch::Tensor &out = saved[5], &lse = saved[6];
     const bool causal = ctx->saved_data["causal"].toBool();
     const double scale = ctx->saved_data["scale"].toDouble();
     // Under create_graph (grad mode on) the gradients are differentiated again, which the kernel's,
     // written through data_ptr, would silently not be.
-    const variable_list grads = torch::GradMode::is_enabled() || !saved[5].defined()
-                                    ? unfused_backward(q, k, v, mask, causal, scale, grad_outputs[0])
-                                : short_kernel_applies(q, k.size(-2))
-                                    ? short_backward(q, k, v, mask, causal, scale, saved[4], saved[5], grad_outputs[0])
-                                    : tiled_backward(q, k, v, mask, causal, scale, saved[4], saved[5], grad_outputs[0]);
-    return {grads[0], grads[1], grads[2], torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    const variable_list grads =
+        torch::GradMode::is_enabled() || !lse.defined()
+            ? unfused_backward(q, k, v, mask, dropout, causal, scale, grad_outputs[0])
+        : short_kernel_applies(q, k.size(-2))
+            ? short_backward(q, k, v, mask, dropout, causal, scale, out, lse, grad_outputs[0])
+            : tiled_backward(q, k, v, mask, causal, scale, out, lse, grad_outputs[0]);
+    return {grads[0], grads[1], grads[2], torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -474,36 +485,47 @@ void check_operands(const torch::Tensor& q, const torch::Tensor& k, const torch:
   }
 }
 
-// The leading dimensions q, k, v and the mask broadcast to.
+// The leading dimensions q, k, v and the masks broadcast to.
 std::vector<int64_t> batch_shape(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                 const torch::Tensor& mask) {
+                                 const torch::Tensor& mask, const torch::Tensor& dropout) {
   const auto leading = [](const torch::Tensor& t) { return t.sizes().slice(0, std::max<int64_t>(0, t.dim() - 2)); };
   try {
     std::vector<int64_t> shape = at::infer_size(at::infer_size(leading(q), leading(k)), leading(v));
-    return mask.defined() ? at::infer_size(shape, leading(mask)) : shape;
+    if (mask.defined()) shape = at::infer_size(shape, leading(mask));
+    return dropout.defined() ? at::infer_size(shape, leading(dropout)) : shape;
   } catch (const c10::Error&) {
     throw UsageError("attention", "the leading dimensions of query " + describe(q) + ", key " + describe(k) +
-                                      ", value " + describe(v) + (mask.defined() ? " and attn_mask " + describe(mask) : "") +
+                                      ", value " + describe(v) + (mask.defined() ? ", attn_mask " + describe(mask) : "") +
+                                      (dropout.defined() ? ", dropout_mask " + describe(dropout) : "") +
                                       " do not broadcast");
   }
 }
 
-// attn_mask as an additive mask in the accumulation dtype (bool: 0 where true, -inf where false),
-// at least 2-D, checked to broadcast to the scores [..., q_len, k_len].
-torch::Tensor additive_mask(const torch::Tensor& mask, int64_t q_len, int64_t k_len, at::ScalarType acc) {
-  if (!mask.device().is_cpu() || !(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()))) {
-    throw UsageError("attention attn_mask", "expected a bool or floating-point CPU tensor, got " + describe(mask));
+// `mask` (attn_mask or dropout_mask, named `name`) checked: a floating-point CPU tensor (or bool,
+// where it takes one), requiring no grad, broadcasting to the scores [..., q_len, k_len];
+// returned at least 2-D.
+torch::Tensor checked_mask(const torch::Tensor& mask, int64_t q_len, int64_t k_len, const std::string& name,
+                           bool takes_bool) {
+  const bool dtype_taken = at::isFloatingType(mask.scalar_type()) || (takes_bool && mask.scalar_type() == at::kBool);
+  if (!mask.device().is_cpu() || !dtype_taken) {
+    throw UsageError(name, std::string("expected a ") + (takes_bool ? "bool or " : "") +
+                               "floating-point CPU tensor, got " + describe(mask));
   }
   if (mask.requires_grad() && torch::GradMode::is_enabled()) {
-    throw UsageError("attention attn_mask", "gets no gradient: detach it (it requires grad)");
+    throw UsageError(name, "gets no gradient: detach it (it requires grad)");
   }
   torch::Tensor m = mask;
   while (m.dim() < 2) m = m.unsqueeze(0);
   if ((m.size(-2) != 1 && m.size(-2) != q_len) || (m.size(-1) != 1 && m.size(-1) != k_len)) {
-    throw UsageError("attention attn_mask", "expected [..., " + std::to_string(q_len) + " or 1, " +
-                                                std::to_string(k_len) + " or 1] to broadcast to the scores, got " +
-                                                describe(mask));
+    throw UsageError(name, "expected [..., " + std::to_string(q_len) + " or 1, " + std::to_string(k_len) +
+                               " or 1] to broadcast to the scores, got " + describe(mask));
   }
+  return m;
+}
+
+// attn_mask as an additive mask in the accumulation dtype (bool: 0 where true, -inf where false).
+torch::Tensor additive_mask(const torch::Tensor& mask, int64_t q_len, int64_t k_len, at::ScalarType acc) {
+  const torch::Tensor m = checked_mask(mask, q_len, k_len, "attention attn_mask", true);
   if (m.scalar_type() != at::kBool) return m.to(acc);
   return at::zeros(m.sizes(), m.options().dtype(acc)).masked_fill_(m.logical_not(), -INFINITY);
 }
@@ -517,7 +539,8 @@ std::vector<int64_t> with_last(std::vector<int64_t> shape, int64_t rows, int64_t
 }  // namespace
 
 torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
-                        const c10::optional<torch::Tensor>& attn_mask, bool causal, c10::optional<double> scale) {
+                        const c10::optional<torch::Tensor>& attn_mask, bool causal, c10::optional<double> scale,
+                        const c10::optional<torch::Tensor>& dropout_mask) {
   check_operand(q_in, "query");
   check_operand(k_in, "key");
   check_operand(v_in, "value");
@@ -525,17 +548,26 @@ torch::Tensor attention(const torch::Tensor& q_in, const torch::Tensor& k_in, co
   check_operands(q, k, v);
   const int64_t q_len = q.size(-2), k_len = k.size(-2);
   const at::ScalarType acc = accumulation_dtype(q);
-  torch::Tensor mask = attn_mask && attn_mask->defined() ? additive_mask(*attn_mask, q_len, k_len, acc) : torch::Tensor();
-  const std::vector<int64_t> batch = batch_shape(q, k, v, mask);
-  c10::optional<torch::Tensor> expanded_mask;
-  if (mask.defined()) expanded_mask = mask.expand(with_last(batch, q_len, k_len));
+  const auto given = [](const c10::optional<torch::Tensor>& t) { return t && t->defined(); };
+  const torch::Tensor mask = given(attn_mask) ? additive_mask(*attn_mask, q_len, k_len, acc) : torch::Tensor();
+  const torch::Tensor dropout =
+      given(dropout_mask) ? checked_mask(*dropout_mask, q_len, k_len, "attention dropout_mask", false).to(acc)
+                          : torch::Tensor();
+  const std::vector<int64_t> batch = batch_shape(q, k, v, mask, dropout);
+  const auto expanded = [&](const torch::Tensor& m) {
+    return m.defined() ? c10::make_optional(m.expand(with_last(batch, q_len, k_len))) : c10::nullopt;
+  };
   const double softmax_scale = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-  if (!short_kernel_applies(q, k_len) && bf16_composition_is_faster(q, q_len, k_len)) {
-    return bf16_composition(q, k, v, mask, causal, softmax_scale);
+  if (!short_kernel_applies(q, k_len)) {
+    if (bf16_composition_is_faster(q, q_len, k_len)) {
+      return bf16_composition(q, k, v, mask, dropout, causal, softmax_scale);
+    }
+    if (dropout.defined()) return unfused_attention(q, k, v, mask, dropout, causal, softmax_scale);
   }
   return AttentionFunction::apply(q.expand(with_last(batch, q_len, q.size(-1))),
                                   k.expand(with_last(batch, k_len, k.size(-1))),
-                                  v.expand(with_last(batch, k_len, v.size(-1))), expanded_mask, causal, softmax_scale);
+                                  v.expand(with_last(batch, k_len, v.size(-1))), expanded(mask), expanded(dropout),
+                                  causal, softmax_scale);
 }
 
 }  // namespace afterburner::kernels

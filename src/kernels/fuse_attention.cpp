@@ -24,16 +24,17 @@ const std::vector<std::string> kForwardArguments{"self",        "query",     "ke
 
 // F.multi_head_attention_forward's computation, for the cases afterburner::attention computes as
 // it does: projections packed in in_proj_weight (split as _in_projection_packed splits them), the
-// heads through one fused attention, out_proj; the weights, when asked for, from the unfused
-// softmax (a caller that drops them lets dead-code elimination drop them). Masks as MHA reads
+// heads through one fused attention, out_proj; in training, dropout of the weights from the same
+// draws as MHA's (afterburner::dropout); the weights, when asked for, from the unfused softmax,
+// dropped alike (a caller that drops them lets dead-code elimination drop them). Masks as MHA reads
 // them: bool = true where a key is ignored, float = added; key_padding_mask [N, S]; attn_mask
 // [L, S] or [N * heads, L, S].
 const char* const kSource = R"(
-def unfusable(training: bool, dropout: float, add_zero_attn: bool, bias_k: Optional[Tensor], bias_v: Optional[Tensor],
-              embed_dim: int, num_heads: int, batch_first: bool, query: Tensor, key: Tensor, value: Tensor,
-              key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> bool:
-    # What MHA computes otherwise (dropout on the weights, extra keys) or refuses (its own errors).
-    if (training and dropout > 0.0) or add_zero_attn or bias_k is not None or bias_v is not None:
+def unfusable(add_zero_attn: bool, bias_k: Optional[Tensor], bias_v: Optional[Tensor], embed_dim: int, num_heads: int,
+              batch_first: bool, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor],
+              attn_mask: Optional[Tensor]) -> bool:
+    # What MHA computes otherwise (extra keys) or refuses (its own errors).
+    if add_zero_attn or bias_k is not None or bias_v is not None:
         return True
     if num_heads <= 0 or embed_dim % num_heads != 0:
         return True
@@ -72,7 +73,7 @@ def split_heads(x: Tensor, batch: int, length: int, num_heads: int, batch_first:
 def attend(query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor], need_weights: bool,
            attn_mask: Optional[Tensor], average_attn_weights: bool, in_proj_weight: Tensor,
            in_proj_bias: Optional[Tensor], out_proj_weight: Tensor, out_proj_bias: Optional[Tensor], num_heads: int,
-           batch_first: bool) -> Tuple[Tensor, Optional[Tensor]]:
+           batch_first: bool, training: bool, dropout: float) -> Tuple[Tensor, Optional[Tensor]]:
     embed_dim = query.size(2)
     batch = query.size(0) if batch_first else query.size(1)
     q_len = query.size(1) if batch_first else query.size(0)
@@ -102,7 +103,13 @@ def attend(query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional
     mask: Optional[Tensor] = None
     if ignored is not None:
         mask = ignored.logical_not() if ignored.dtype == torch.bool else ignored
-    out = afterburner.attention(q, k, v, mask)
+    # MHA's dropout of its weights, drawn as it draws it: the noise of a [N * heads, L, S] tensor of
+    # its weights' dtype, at the same point of the generator's sequence.
+    dropped: Optional[Tensor] = None
+    if training and dropout > 0.0:
+        ones = torch.ones([batch * num_heads, q_len, k_len], dtype=query.dtype)
+        dropped = afterburner.dropout(ones, dropout, True).view([batch, num_heads, q_len, k_len])
+    out = afterburner.attention(q, k, v, mask, False, None, dropped)
     if batch_first:
         out = out.transpose(1, 2).reshape([batch, q_len, embed_dim])
     else:
@@ -114,6 +121,8 @@ def attend(query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional
     if ignored is not None:
         scores = scores.masked_fill(ignored, float("-inf")) if ignored.dtype == torch.bool else scores + ignored
     probabilities = torch.softmax(scores, -1)
+    if dropped is not None:
+        probabilities = probabilities * dropped
     if average_attn_weights:
         return out, probabilities.sum(1) / num_heads
     return out, probabilities
@@ -196,7 +205,7 @@ void branch_on_fusable(jit::Node* call, jit::Graph& graph) {
   jit::WithInsertPoint at_the_call(call);
   std::vector<jit::Value*> checked;
   for (const char* name :
-       {"training", "dropout", "add_zero_attn", "bias_k", "bias_v", "embed_dim", "num_heads", "batch_first"}) {
+       {"add_zero_attn", "bias_k", "bias_v", "embed_dim", "num_heads", "batch_first"}) {
     checked.push_back(attribute(graph, self, name));
   }
   for (const size_t argument : {1, 2, 3, 4, 6}) checked.push_back(inputs[argument]);
@@ -221,7 +230,8 @@ void branch_on_fusable(jit::Node* call, jit::Graph& graph) {
   std::vector<jit::Value*> arguments(inputs.begin() + 1, inputs.end());
   for (jit::Value* value : {attribute(graph, self, "in_proj_weight"), attribute(graph, self, "in_proj_bias"),
                             graph.insertGetAttr(out_proj, "weight"), graph.insertGetAttr(out_proj, "bias"),
-                            attribute(graph, self, "num_heads"), attribute(graph, self, "batch_first")}) {
+                            attribute(graph, self, "num_heads"), attribute(graph, self, "batch_first"),
+                            attribute(graph, self, "training"), attribute(graph, self, "dropout")}) {
     arguments.push_back(value);
   }
   for (jit::Value* value : unpacked(graph, jit::insertGraph(graph, *helpers().attend, arguments).at(0))) {

@@ -131,11 +131,12 @@ TORCH_LIBRARY(afterburner, m) {
   // scale (x a) b + bias: the two GEMMs of a sketched layer.
   m.def("low_rank_linear(Tensor x, Tensor a, Tensor b, Tensor? bias=None, float scale=1.0) -> Tensor");
   register_kernels<low_rank_linear_op>(m, "low_rank_linear");
-  // softmax(query key^T * scale + attn_mask) value, as torch 2.x's scaled_dot_product_attention
-  // without dropout: bool masks true = attend, is_causal the top-left-aligned lower triangle, scale
-  // 1/sqrt(head dim) unless given (kernels::attention).
+  // (softmax(query key^T * scale + attn_mask) * dropout_mask) value, as torch 2.x's
+  // scaled_dot_product_attention with its dropout's noise given: bool masks true = attend,
+  // is_causal the top-left-aligned lower triangle, scale 1/sqrt(head dim) unless given
+  // (kernels::attention).
   m.def("attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, bool is_causal=False, "
-        "float? scale=None) -> Tensor");
+        "float? scale=None, Tensor? dropout_mask=None) -> Tensor");
   register_kernels<attention>(m, "attention");
   // aten::dropout's answer, bit for bit from the same draws of the default CPU generator, drawn in
   // bulk (kernels::dropout); autograd through the ATen ops it ends in.

@@ -46,7 +46,9 @@ __attribute__((always_inline)) inline void store_lanes(float* p, V v) {
 }
 
 template <typename T>
-using ShortOperands = Operands<T, float>;
+struct ShortOperands : Operands<T, float> {
+  Matrices<const float> dropout;  // factors of the probabilities; data null without
+};
 
 // The fp32 scratch of one task; N below is the chunk's lanes (at most kWideRows).
 struct ChunkScratch {
@@ -54,7 +56,7 @@ struct ChunkScratch {
   std::vector<float> k, v;       // the matrix's k [k_len, head_pad] and v [k_len, value_pad]
   std::vector<float> qt, dot;    // the chunk's q^T [head_dim, N] and dO^T [value_dim, N]
   std::vector<float> q, dout;    // the chunk's q [N, head_pad] and dO [N, value_pad] (backward)
-  std::vector<float> p, ds;      // [k_len, N]: scores, then probabilities; their gradients
+  std::vector<float> p, ds;      // [k_len, N]: scores, then probabilities (times dropout factors); dS
   std::vector<float> dk, dv;     // [k_len, head_pad], [k_len, value_pad]: the backward's sums
 };
 
@@ -110,13 +112,30 @@ __attribute__((always_inline)) inline void lanes_times_matrix(const float* weigh
   }
 }
 
+// The lanes as T, rounded all at once: bf16 to nearest even (NaN a quiet NaN), as c10::BFloat16's
+// constructor rounds one value.
+template <int N>
+__attribute__((always_inline)) inline void round_lanes(Lanes<N> values, float* to) {
+  store_lanes(to, values);
+}
+
+template <int N>
+__attribute__((always_inline)) inline void round_lanes(Lanes<N> values, c10::BFloat16* to) {
+  using Bits = typename simd::UintsOf<Lanes<N>>::type;
+  Bits bits;
+  std::memcpy(&bits, &values, sizeof bits);
+  const Bits rounded = (bits + (((bits >> 16) & 1u) + 0x7fffu)) >> 16;
+  const Bits halves = values != values ? Bits{} + 0x7fc0u : rounded;
+  for (int r = 0; r < N; ++r) to[r] = c10::BFloat16(static_cast<uint16_t>(halves[r]), c10::BFloat16::from_bits());
+}
+
 // Column `col` of the chunk's rows [r0, r0 + rows) of matrix b in `to`, from the lanes of `values`.
 template <int N, typename T>
 __attribute__((always_inline)) inline void store_column(Lanes<N> values, int64_t rows, const Matrices<T>& to,
                                                         int64_t b, int64_t r0, int64_t col) {
-  float lanes[N];
-  store_lanes(lanes, values);
-  for (int64_t r = 0; r < rows; ++r) to.row(b, r0 + r)[col * to.col_stride] = static_cast<T>(lanes[r]);
+  T lanes[N];
+  round_lanes<N>(values, lanes);
+  for (int64_t r = 0; r < rows; ++r) to.row(b, r0 + r)[col * to.col_stride] = lanes[r];
 }
 
 // sum[c] += sum_r weights[r] * m[r][c] for m [rows, pitch]: kColumns sums at a time, held in
@@ -136,6 +155,14 @@ __attribute__((always_inline)) inline void add_weighted_rows(const float* weight
   }
 }
 
+// Lane r's value of column j of the rows `rows` points at (0 where null), `step` apart.
+template <int N>
+__attribute__((always_inline)) inline Lanes<N> gathered(const float* const* rows, int64_t j, int64_t step) {
+  float values[N] = {};
+  for (int r = 0; r < N; ++r) values[r] = rows[r] != nullptr ? rows[r][j * step] : 0.0f;
+  return load_lanes<Lanes<N>>(values);
+}
+
 // The chunk's scores against key j, one row per lane: (q . k_j) * scale + mask, plus -inf where
 // the causal mask hides the key (added, as the unfused ops add it: NaN and +inf stay NaN).
 template <int N, typename T>
@@ -143,29 +170,33 @@ __attribute__((always_inline)) inline Lanes<N> scores_against(const ShortOperand
                                                               const float* k_row, int64_t j, Lanes<N> row_index,
                                                               const float* const* mask_rows) {
   Lanes<N> s = lanes_times_row<N>(qt, k_row, in.sizes.head_dim) * in.scale;
-  if (in.mask.data != nullptr) {
-    float mask[N] = {};
-    for (int r = 0; r < N; ++r) mask[r] = mask_rows[r] != nullptr ? mask_rows[r][j * in.mask.col_stride] : 0.0f;
-    s += load_lanes<Lanes<N>>(mask);
-  }
+  if (in.mask.data != nullptr) s += gathered<N>(mask_rows, j, in.mask.col_stride);
   if (in.causal) s += row_index < static_cast<float>(j) ? Lanes<N>{} + kMinusInfinity<float> : Lanes<N>{};
   return s;
 }
 
-// The chunk's row indices as lanes, and its rows' mask rows (null past `rows` or without a mask).
+// The chunk's row indices as lanes, and its rows' rows of the mask and of the dropout factors
+// (null past `rows`, or without them).
 template <int N, typename T>
 struct ChunkRows {
   Lanes<N> index;
   const float* mask[N] = {};
+  const float* dropout[N] = {};
 
   ChunkRows(const ShortOperands<T>& in, int64_t b, int64_t r0, int64_t rows) {
     for (int r = 0; r < N; ++r) index[r] = static_cast<float>(r0 + r);
     for (int64_t r = 0; in.mask.data != nullptr && r < rows; ++r) mask[r] = in.mask.row(b, r0 + r);
+    for (int64_t r = 0; in.dropout.data != nullptr && r < rows; ++r) dropout[r] = in.dropout.row(b, r0 + r);
+  }
+
+  // Key j's dropout factors, one per lane.
+  Lanes<N> factors(const ShortOperands<T>& in, int64_t j) const {
+    return gathered<N>(dropout, j, in.dropout.col_stride);
   }
 };
 
-// Rows [r0, r0 + rows) of matrix b, one per lane: out = softmax(q k^T * scale + mask) v and
-// lse = max + log(sum of exp(score - max)), as the tiled kernel's one key block.
+// Rows [r0, r0 + rows) of matrix b, one per lane: out = (softmax(q k^T * scale + mask) * dropout
+// factors) v and lse = max + log(sum of exp(score - max)), as the tiled kernel's one key block.
 template <int N, typename T>
 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void forward_chunk(
     const ShortOperands<T>& in, int64_t b, int64_t r0, int64_t rows, ChunkScratch& w, const Matrices<T>& out,
@@ -185,20 +216,20 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void forward
   V sum = {};
   for (int64_t j = 0; j < n.k_len; ++j) {
     const V e = simd::exp_nonpositive(load_lanes<V>(p + j * N) - reference);
-    store_lanes(p + j * N, e);
     sum += e;
+    store_lanes(p + j * N, in.dropout.data != nullptr ? e * chunk.factors(in, j) : e);  // dropped after the sum
   }
   // Every key, so that 0 * inf in v is NaN as in the unfused matmul.
   lanes_times_matrix<N>(p, w.v.data(), n.k_len, n.value_dim, w.value_pad,
                         [&](int64_t col, V values) { store_column<N>(values / sum, rows, out, b, r0, col); });
-  float maxima[N], sums[N];
-  store_lanes(maxima, largest);
-  store_lanes(sums, sum);
-  for (int64_t r = 0; r < rows; ++r) lse[b * n.q_len + r0 + r] = maxima[r] + std::log(sums[r]);
+  float row_lse[N];
+  store_lanes(row_lse, largest + simd::log_positive(sum));
+  std::copy(row_lse, row_lse + rows, lse + b * n.q_len + r0);
 }
 
-// Rows [r0, r0 + rows) of matrix b, one per lane: the probabilities again from lse, dP = dO v^T,
-// dS = P (dP - dO . O) * scale; their dq = dS k, and dS^T q and P^T dO added to dk and dv.
+// Rows [r0, r0 + rows) of matrix b, one per lane: the probabilities P again from lse, A = P * the
+// dropout factors F, dA = dO v^T, dS = P (dA F - dO . O) * scale; their dq = dS k, and dS^T q and
+// A^T dO added to dk and dv.
 template <int N, typename T>
 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void backward_chunk(
     const ShortOperands<T>& in, int64_t b, int64_t r0, int64_t rows, const Matrices<const T>& out,
@@ -223,9 +254,14 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void backwar
   for (int64_t j = 0; j < n.k_len; ++j) {
     const V s = scores_against<N>(in, w.qt.data(), w.k.data() + j * w.head_pad, j, chunk.index, chunk.mask);
     const V probability = simd::exp_nonpositive(s - lse_lanes);
-    const V dp = lanes_times_row<N>(w.dot.data(), w.v.data() + j * w.value_pad, n.value_dim);
-    store_lanes(p + j * N, valid ? probability : V{});
-    store_lanes(ds + j * N, valid ? probability * (dp - delta) * in.scale : V{});
+    V da = lanes_times_row<N>(w.dot.data(), w.v.data() + j * w.value_pad, n.value_dim), dropped = probability;
+    if (in.dropout.data != nullptr) {
+      const V factors = chunk.factors(in, j);
+      dropped *= factors;
+      da *= factors;
+    }
+    store_lanes(p + j * N, valid ? dropped : V{});
+    store_lanes(ds + j * N, valid ? probability * (da - delta) * in.scale : V{});
   }
   lanes_times_matrix<N>(ds, w.k.data(), n.k_len, n.head_dim, w.head_pad,
                         [&](int64_t col, V values) { store_column<N>(values, rows, dq, b, r0, col); });
@@ -341,6 +377,15 @@ void backward_all(const Sizes& n, const ShortOperands<T>& in, const torch::Tenso
   });
 }
 
+template <typename T>
+ShortOperands<T> short_operands(const Sizes& n, const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, const torch::Tensor& mask, const torch::Tensor& dropout,
+                                bool causal, double scale) {
+  ShortOperands<T> in{operands_of<T, float>(n, q, k, v, mask, causal, scale), {}};
+  if (dropout.defined()) in.dropout = matrices_of<const float>(dropout);
+  return in;
+}
+
 }  // namespace
 
 bool short_kernel_applies(const torch::Tensor& q, int64_t k_len) {
@@ -348,20 +393,21 @@ bool short_kernel_applies(const torch::Tensor& q, int64_t k_len) {
 }
 
 ForwardResult short_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            const torch::Tensor& mask, bool causal, double scale) {
+                            const torch::Tensor& mask, const torch::Tensor& dropout, bool causal, double scale) {
   const Sizes n = sizes_of(q, k, v);
   torch::Tensor out = empty_in_order_of(q, shaped(q, {n.q_len, n.value_dim}), q.scalar_type());
   torch::Tensor lse = at::empty({n.batch, n.q_len}, q.options().dtype(at::kFloat));
   if (q.scalar_type() == at::kBFloat16) {
-    forward_all(n, operands_of<at::BFloat16, float>(n, q, k, v, mask, causal, scale), out, lse);
+    forward_all(n, short_operands<at::BFloat16>(n, q, k, v, mask, dropout, causal, scale), out, lse);
   } else {
-    forward_all(n, operands_of<float, float>(n, q, k, v, mask, causal, scale), out, lse);
+    forward_all(n, short_operands<float>(n, q, k, v, mask, dropout, causal, scale), out, lse);
   }
   return {out, lse};
 }
 
 torch::autograd::variable_list short_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                              const torch::Tensor& mask, bool causal, double scale,
+                                              const torch::Tensor& mask, const torch::Tensor& dropout, bool causal,
+                                              double scale,
                                               const torch::Tensor& out, const torch::Tensor& lse,
                                               const torch::Tensor& out_grad) {
   const Sizes n = sizes_of(q, k, v);
@@ -370,9 +416,10 @@ torch::autograd::variable_list short_backward(const torch::Tensor& q, const torc
                       dv = empty_in_order_of(v, v.sizes(), dtype);
   const torch::Tensor upstream = out_grad.to(dtype);
   if (dtype == at::kBFloat16) {
-    backward_all(n, operands_of<at::BFloat16, float>(n, q, k, v, mask, causal, scale), out, lse, upstream, dq, dk, dv);
+    backward_all(n, short_operands<at::BFloat16>(n, q, k, v, mask, dropout, causal, scale), out, lse, upstream, dq, dk,
+                 dv);
   } else {
-    backward_all(n, operands_of<float, float>(n, q, k, v, mask, causal, scale), out, lse, upstream, dq, dk, dv);
+    backward_all(n, short_operands<float>(n, q, k, v, mask, dropout, causal, scale), out, lse, upstream, dq, dk, dv);
   }
   return {dq, dk, dv};
 }

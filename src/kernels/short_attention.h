@@ -20,14 +20,16 @@ namespace afterburner::kernels::attention_detail {
 // fp32 and bf16 attention over at most kShortKeys keys.
 bool short_kernel_applies(const torch::Tensor& q, int64_t k_len);
 
-// q, k, v [batch..., len, dim] of one batch shape and dtype; mask additive in fp32, expanded to
-// [batch..., q_len, k_len], or undefined. out in q's dtype, lse in fp32.
+// q, k, v [batch..., len, dim] of one batch shape and dtype; mask additive and dropout the
+// probabilities' factors, in fp32, expanded to [batch..., q_len, k_len], or undefined. out in q's
+// dtype, lse in fp32.
 ForwardResult short_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            const torch::Tensor& mask, bool causal, double scale);
+                            const torch::Tensor& mask, const torch::Tensor& dropout, bool causal, double scale);
 
 // dq, dk, dv from the forward's out and lse, in q's dtype.
 torch::autograd::variable_list short_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                              const torch::Tensor& mask, bool causal, double scale,
+                                              const torch::Tensor& mask, const torch::Tensor& dropout, bool causal,
+                                              double scale,
                                               const torch::Tensor& out, const torch::Tensor& lse,
                                               const torch::Tensor& out_grad);
 

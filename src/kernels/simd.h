@@ -52,9 +52,14 @@ __attribute__((always_inline)) inline void store(float* p, Vec v) { std::memcpy(
 
 // exp_nonpositive (exp_nonpositive.h) on every lane of a GCC vector of floats V: the same steps,
 // as vector operations.
+// 32-bit integers, signed and unsigned, as many as a GCC vector of floats V has lanes.
 template <typename V>
 struct IntsOf {
   typedef int32_t type __attribute__((vector_size(sizeof(V))));
+};
+template <typename V>
+struct UintsOf {
+  typedef uint32_t type __attribute__((vector_size(sizeof(V))));
 };
 
 template <typename V>
@@ -69,6 +74,26 @@ __attribute__((always_inline)) inline V exp_nonpositive(V v) {
   V two_to_n;
   std::memcpy(&two_to_n, &exponent_bits, sizeof two_to_n);
   return v >= -87.3f ? p * two_to_n : (v != v ? v : V{});
+}
+
+// log(x) on every lane of a GCC vector of floats V, for x > 0 (0 gives -inf; +inf and NaN stay):
+// x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(x) = e ln2 + 2 atanh(t), t = (m - 1) / (m + 1),
+// |t| <= 0.172, by its series to t^9 (truncation below 1e-9 relative). Normal x only: subnormal
+// positives come out wrong (the softmax sums it takes are at least 1).
+template <typename V>
+__attribute__((always_inline)) inline V log_positive(V x) {
+  using Ints = typename IntsOf<V>::type;
+  Ints bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  const Ints exponent = (bits - 0x3f3504f3) >> 23;  // 0x3f3504f3: sqrt(1/2)'s bits
+  const Ints mantissa_bits = bits - (exponent << 23);
+  V m;
+  std::memcpy(&m, &mantissa_bits, sizeof m);
+  const V t = (m - 1.0f) / (m + 1.0f), t2 = t * t;
+  const V series = t * (2.0f + t2 * (2.0f / 3 + t2 * (2.0f / 5 + t2 * (2.0f / 7 + t2 * (2.0f / 9)))));
+  const V result = __builtin_convertvector(exponent, V) * 0.693147182f + series;
+  const V minus_infinity = V{} - __builtin_inff();
+  return x > 0.0f ? (x < __builtin_inff() ? result : x) : (x == 0.0f ? minus_infinity : x);
 }
 
 }  // namespace afterburner::kernels::simd

@@ -42,16 +42,20 @@ const char* to_string(MaskKind kind) {
 }
 
 // The unfused composition in double, torch 2.x's way: a bool mask becomes 0 where true and -inf
-// where false, causal the same for the upper triangle, and both are added to the scores.
+// where false, causal the same for the upper triangle, and both are added to the scores; dropout
+// factors multiply the probabilities.
 torch::Tensor reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        const c10::optional<torch::Tensor>& mask, bool causal, double scale) {
+                        const c10::optional<torch::Tensor>& mask, bool causal, double scale,
+                        const torch::Tensor& factors = {}) {
   const auto as_additive = [](const torch::Tensor& keep) {
     return torch::zeros(keep.sizes(), torch::kDouble).masked_fill(keep.logical_not(), -INFINITY);
   };
   torch::Tensor scores = torch::matmul(q.to(torch::kDouble), k.to(torch::kDouble).transpose(-2, -1)) * scale;
   if (mask) scores = scores + (mask->scalar_type() == torch::kBool ? as_additive(*mask) : mask->to(torch::kDouble));
   if (causal) scores = scores + as_additive(torch::ones({q.size(-2), k.size(-2)}, torch::kBool).tril());
-  return torch::matmul(torch::softmax(scores, -1), v.to(torch::kDouble));
+  const torch::Tensor probabilities = torch::softmax(scores, -1);
+  return torch::matmul(factors.defined() ? probabilities * factors.to(torch::kDouble) : probabilities,
+                       v.to(torch::kDouble));
 }
 
 struct Problem {
@@ -317,6 +321,24 @@ TEST(Attention, ReadsMultiheadAttentionsTransposedViewsInPlace) {
   }
 }
 
+// bf16 inputs are read into fp32 and computed as fp32 inputs are: the bf16 result is the fp32
+// result for the same values rounded to nearest even, exactly (the short-key kernel rounds whole
+// vectors at once), and dv alike (dq and dk take dO . O from the output as stored, rounded, as the
+// tiled kernel does); NaN where it is NaN (LibTorch's own conversions differ in the NaN they write).
+TEST(Attention, ShortKeysRoundTheirBFloat16ResultsAsLibTorchRounds) {
+  Drawn d = draw({3, 2, 25, 40, 12, MaskKind::additive, true}, torch::kBFloat16);
+  d.q.data()[0][0][0][0] = NAN;  // a NaN row: its rounding too
+  const auto as_float = [](const torch::Tensor& t) { return t.detach().to(torch::kFloat).requires_grad_(); };
+  const torch::Tensor q = as_float(d.q), k = as_float(d.k), v = as_float(d.v);
+  const torch::Tensor ours = attention(d.q, d.k, d.v, d.mask, true);
+  const torch::Tensor in_float = attention(q, k, v, d.mask->to(torch::kFloat), true);
+  EXPECT_TRUE(AgreesWithNonFinite(ours, in_float.to(torch::kBFloat16), 0, 0));
+  const torch::Tensor upstream = torch::randn(ours.sizes()).to(torch::kBFloat16);
+  const auto grads = torch::autograd::grad({ours}, {d.q, d.k, d.v}, {upstream});
+  const auto float_grads = torch::autograd::grad({in_float}, {q, k, v}, {upstream.to(torch::kFloat)});
+  EXPECT_TRUE(AgreesWithNonFinite(grads[2], float_grads[2].to(torch::kBFloat16), 0, 0));
+}
+
 // Each task computes whole rows (and the backward whole matrices) in a fixed order: the result
 // does not depend on the number of threads, bit for bit.
 TEST(Attention, ShortKeysGiveTheSameBitsOnOneAndTwoThreads) {
@@ -332,6 +354,36 @@ TEST(Attention, ShortKeysGiveTheSameBitsOnOneAndTwoThreads) {
   const auto one = run(1), two = run(2);
   at::set_num_threads(threads);
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(afterburner::testing::BitwiseEqual(one[i], two[i])) << i;
+}
+
+// Dropout factors (MultiheadAttention's noise: 0 or 1 / (1 - p)) multiply the probabilities
+// before v: against (softmax(...) * factors) v in double, output and gradients, for both kernels
+// (the tiled one's cases on LibTorch's ops), fp32, bf16 and double, factors per head or broadcast
+// over the batch, with a mask and causal.
+TEST(Attention, DropoutFactorsScaleTheProbabilitiesAsMultiheadAttentionsDropout) {
+  for (const torch::Dtype dtype : {torch::kFloat, torch::kBFloat16, torch::kDouble}) {
+    for (const int64_t keys : {17, 150}) {
+      for (const bool per_head : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << ", " << keys << " keys"
+                                          << (per_head ? ", per head" : ", broadcast"));
+        const Problem p{2, 3, 21, keys, 8, MaskKind::boolean, true};
+        Drawn d = draw(p, dtype);
+        d.mask->select(-1, 0).fill_(true);  // every row sees a key: no NaN
+        const auto shape = per_head ? std::vector<int64_t>{2, 3, 21, keys} : std::vector<int64_t>{21, keys};
+        const torch::Tensor factors = (torch::rand(shape) > 0.1).to(torch::kFloat) / 0.9;
+        const torch::Tensor ours = attention(d.q, d.k, d.v, d.mask, true, c10::nullopt, factors);
+        const torch::Tensor expected = reference(d.q, d.k, d.v, d.mask, true, 1.0 / std::sqrt(8.0), factors);
+        const Tolerance tolerance = dtype == torch::kBFloat16 ? Tolerance{1.0 / 128, 1.0 / 128}
+                                    : dtype == torch::kFloat  ? Tolerance{1e-5, 1e-5}
+                                                              : Tolerance{1e-12, 1e-12};
+        EXPECT_TRUE(Close(ours, expected, tolerance)) << "output";
+        const torch::Tensor upstream = torch::randn(expected.sizes(), torch::kDouble);
+        const auto our_grads = torch::autograd::grad({ours}, {d.q, d.k, d.v}, {upstream.to(dtype)});
+        const auto expected_grads = torch::autograd::grad({expected}, {d.q, d.k, d.v}, {upstream});
+        for (int i = 0; i < 3; ++i) EXPECT_TRUE(Close(our_grads[i], expected_grads[i], tolerance)) << "gradient " << i;
+      }
+    }
+  }
 }
 
 // Empty sequences: no key gives zeros (the composition's empty sum), no query an empty result.
@@ -362,6 +414,11 @@ TEST(Attention, RefusesBadArgumentsNamingThem) {
   expect_refused([&] { attention(q, k, v, torch::ones({5, 6}, torch::kBool)); }, "attention attn_mask");
   expect_refused([&] { attention(q, k, v, torch::ones({5, 7}, torch::kInt)); }, "attention attn_mask");
   expect_refused([&] { attention(q, k, v, torch::zeros({5, 7}, torch::requires_grad())); }, "attention attn_mask");
+  const auto with_factors = [&](const torch::Tensor& factors) { attention(q, k, v, {}, false, {}, factors); };
+  expect_refused([&] { with_factors(torch::ones({5, 7}, torch::kBool)); }, "attention dropout_mask");
+  expect_refused([&] { with_factors(torch::ones({5, 6})); }, "attention dropout_mask");
+  expect_refused([&] { with_factors(torch::ones({5, 7}, torch::requires_grad())); }, "attention dropout_mask");
+  expect_refused([&] { with_factors(torch::ones({3, 5, 7})); }, "do not broadcast");
 }
 
 }  // namespace

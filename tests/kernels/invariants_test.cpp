@@ -257,7 +257,7 @@ OpCase low_rank_case() {
 // keys and values, as an expanded layout draws: every score gradient is exactly 0) it leaves
 // 0.04 where the answer is 0.
 torch::Tensor unfused_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, const torch::Tensor& mask,
-                                bool causal, double scale) {
+                                bool causal, double scale, const torch::Tensor& factors) {
   const at::ScalarType out_dtype = in_autocast_dtype(q).scalar_type();
   const at::ScalarType acc = out_dtype == torch::kDouble ? torch::kDouble : torch::kFloat;
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
@@ -268,17 +268,20 @@ torch::Tensor unfused_attention(torch::Tensor q, torch::Tensor k, torch::Tensor 
   };
   if (mask.defined()) scores = scores + (mask.scalar_type() == torch::kBool ? additive(mask) : mask.to(acc));
   if (causal) scores = scores + additive(torch::ones({q.size(-2), k.size(-2)}, torch::kBool).tril());
-  return torch::matmul(torch::softmax(scores, -1), v).to(out_dtype);
+  const torch::Tensor probabilities = torch::softmax(scores, -1);
+  return torch::matmul(factors.defined() ? probabilities * factors.to(acc) : probabilities, v).to(out_dtype);
 }
 
-// Shapes {B, H, Lq, Lk, D, mask (0 none, 1 bool, 2 float), causal}, across the kernel's blocks
-// (64 query, 128 key rows). A bool mask keeps where a drawn value exceeds -1.5 (about 93%); a
-// drawn NaN makes that element false.
+// Shapes {B, H, Lq, Lk, D, mask (0 none, 1 bool, 2 float), causal, dropout factors (0 or 1)},
+// across both kernels' blocks (the tiled one's 64 query, 128 key rows; the short-key one's up to
+// 128 keys). A bool mask keeps where a drawn value exceeds -1.5 (about 93%); a drawn NaN makes
+// that element false. Dropout factors are 0 where a drawn value is below -1.3 (about 10%), else
+// 1 / 0.9, as dropout's noise (a drawn NaN is NaN).
 OpCase attention_case() {
   OpCase c{"attention",
            {P::fp32, P::bf16, P::autocast_bf16, P::fp64},
-           {{1, 1, 1, 1, 8, 0, 0}, {2, 3, 7, 5, 8, 1, 0}, {1, 2, 5, 9, 16, 2, 1}, {2, 1, 129, 65, 8, 0, 1},
-            {1, 1, 67, 131, 8, 1, 1}},
+           {{1, 1, 1, 1, 8, 0, 0, 0}, {2, 3, 7, 5, 8, 1, 0, 0}, {1, 2, 5, 9, 16, 2, 1, 0}, {2, 1, 129, 65, 8, 0, 1, 0},
+            {1, 1, 67, 131, 8, 1, 1, 0}, {2, 2, 17, 17, 8, 1, 0, 1}, {1, 2, 9, 140, 8, 0, 1, 1}},
            kMatrixLayouts,
            [](Inputs& in, const Shape& s, Layout l) {
              const auto q = in.random({s[0], s[1], s[2], s[4]}, l), k = in.random({s[0], s[1], s[3], s[4]}, l),
@@ -287,10 +290,15 @@ OpCase attention_case() {
              if (s[5] == 1) mask = in.random({s[0], 1, s[2], s[3]}, l, false) > -1.5;
              if (s[5] == 2) mask = in.random({s[2], s[3]}, l, false);
              const bool causal = s[6] != 0;
+             torch::Tensor factors;
+             if (s[7] == 1) {
+               const torch::Tensor drawn = in.random({s[0], s[1], s[2], s[3]}, l, false);
+               factors = (drawn >= -1.3).to(torch::kFloat) / 0.9 + drawn * 0;  // NaN stays NaN
+             }
              const double scale = 1.0 / std::sqrt(static_cast<double>(s[4]));
-             const auto optional_mask = mask.defined() ? c10::make_optional(mask) : c10::nullopt;
-             return Trial{[=] { return kernels::attention(q, k, v, optional_mask, causal); },
-                          [=] { return unfused_attention(q, k, v, mask, causal, scale); }};
+             const auto optional = [](const torch::Tensor& t) { return t.defined() ? c10::make_optional(t) : c10::nullopt; };
+             return Trial{[=] { return kernels::attention(q, k, v, optional(mask), causal, c10::nullopt, optional(factors)); },
+                          [=] { return unfused_attention(q, k, v, mask, causal, scale, factors); }};
            }};
   // fp32 sums run over up to 131 keys.
   c.tolerance = [](Precision precision) {
@@ -305,7 +313,7 @@ OpCase attention_second_order_case() {
   OpCase c = attention_case();
   c.name = "attention, second order";
   c.precisions = {P::fp32};
-  c.shapes = {{2, 3, 7, 5, 8, 1, 0}, {1, 1, 67, 131, 8, 1, 1}};
+  c.shapes = {{2, 3, 7, 5, 8, 1, 0, 0}, {1, 1, 67, 131, 8, 1, 1, 0}, {2, 2, 17, 17, 8, 1, 0, 1}};
   return differentiated_twice(c);
 }
 

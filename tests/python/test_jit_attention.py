@@ -91,7 +91,7 @@ def ran_fused(call):
 def check_as_module(model, inputs, kind, dtype, batch, tolerance):
     module = torch.jit.script(model.to(dtype))
     fused, report = jit.fuse(module)
-    assert report.fused == ["1 x multi-head attention", "2 x dropout"], report  # MHA's, where it runs as MHA
+    assert report.fused == ["1 x multi-head attention", "3 x dropout"], report  # MHA's code and the fused path's
     key_padding_mask, attn_mask = masks(kind, batch, LENGTH, inputs[-1].shape[0 if not model.attention.batch_first
                                                                                     else 1], dtype)
     arguments = (*inputs, key_padding_mask, attn_mask)
@@ -160,7 +160,6 @@ def test_weights_the_caller_drops_are_not_computed():
 
 
 @pytest.mark.parametrize("options, call", [
-    ({"dropout": 0.5}, "train"),                    # dropout on the weights while training
     ({"add_zero_attn": True}, "eval"),
     ({"add_bias_kv": True}, "eval"),
     ({}, "unbatched"),
@@ -177,11 +176,37 @@ def test_what_the_fused_op_does_not_compute_runs_as_the_module(options, call):
     want, want_weights = module(x)
     assert not fused_ran
     assert torch.equal(got, want) and torch.equal(got_weights, want_weights)
-    if call == "train":  # the same module in evaluation runs fused
-        module.eval(), fused.eval()
-        (got, _), fused_ran = ran_fused(lambda: fused(x))
-        assert fused_ran
-        torch.testing.assert_close(got, module(x)[0])
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("dtype, tolerance", [(torch.double, 1e-10), (torch.float, 1e-5)])
+def test_dropout_of_the_weights_in_training_runs_fused_with_the_modules_masks(batch_first, dtype, tolerance):
+    """MHA's dropout of its weights while training: fused, its noise drawn as MHA draws it, so
+    that from one seed the output, the (dropped) weights and the gradients are the eager module's
+    and the generator's next draws alike; in evaluation, no dropout."""
+    torch.manual_seed(0)
+    model = SelfAttention(batch_first=batch_first, dropout=0.3).to(dtype)
+    fused, _ = jit.fuse(torch.jit.script(model))
+    x = sequences(3, LENGTH, batch_first, dtype)
+    parameters = list(fused.parameters())
+    for _ in range(2):
+        torch.manual_seed(1)
+        (got, got_weights), fused_ran = ran_fused(lambda: fused(x))
+        got_next = torch.rand(3)
+        torch.manual_seed(1)
+        want, want_weights = model(x)
+        want_next = torch.rand(3)
+        assert fused_ran and torch.equal(got_next, want_next)
+        torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+        torch.testing.assert_close(got_weights, want_weights, atol=tolerance, rtol=tolerance)
+        got_grads = torch.autograd.grad(got.square().sum(), [x, *parameters])
+        want_grads = torch.autograd.grad(want.square().sum(), [x, *model.parameters()])
+        for g, w in zip(got_grads, want_grads):
+            torch.testing.assert_close(g, w, atol=10 * tolerance, rtol=10 * tolerance)
+    fused.eval(), model.eval()
+    (got, _), fused_ran = ran_fused(lambda: fused(x))
+    assert fused_ran
+    torch.testing.assert_close(got, model(x)[0], atol=tolerance, rtol=tolerance)
 
 
 @pytest.mark.parametrize("arguments", [
@@ -245,8 +270,8 @@ def test_transformer_encoder_trains_and_evaluates_as_the_module(batch_first, nor
     torch.manual_seed(0)
     module = torch.jit.script(Encoder(batch_first, norm_first))
     fused, report = jit.fuse(module)
-    # the feed-forward's linear + relu; dropout of the layers and of MHA where it runs as MHA
-    assert report.fused == ["2 x multi-head attention", "2 x linear + relu", "4 x dropout"], report
+    # the feed-forward's linear + relu; MHA's dropout, in its own code and on the fused path, per layer
+    assert report.fused == ["2 x multi-head attention", "2 x linear + relu", "6 x dropout"], report
     x = sequences(3, LENGTH, batch_first, torch.float)
     key_padding_mask = masks("padding bool", 3, LENGTH, LENGTH, torch.float)[0] if padding else None
     parameters = list(module.parameters())

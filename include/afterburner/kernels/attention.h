@@ -5,12 +5,16 @@
 //   torch::Tensor out = kernels::attention(q, k, v);                  // q [B, H, Lq, D], k, v [B, H, Lk, D]
 //   torch::Tensor gpt = kernels::attention(q, k, v, {}, /*causal=*/true);
 //   torch::Tensor padded = kernels::attention(q, k, v, keep);         // keep: bool [B, 1, 1, Lk], true = attend
+//   torch::Tensor dropped = kernels::attention(q, k, v, {}, false, {}, noise);  // noise: [B, H, Lq, Lk]
 //   out.sum().backward();                                             // dq, dk, dv
 //
 // out = softmax(q k^T * scale + mask) v, the softmax over the keys, scale = 1/sqrt(D) unless
 // given, and mask the sum of: attn_mask as given (float: added) or 0 where it is true and -inf
 // where false (bool, true = attend, as torch 2.x's scaled_dot_product_attention), and -inf where
 // the key's index exceeds the query's (causal, aligned at the top left: query i sees keys 0..i).
+// With dropout_mask (factors broadcasting to the scores, as dropout's noise: 0 or 1 / (1 - p)),
+// out = (softmax(...) * dropout_mask) v, as MultiheadAttention applies dropout to its weights
+// before multiplying by v; it gets no gradient.
 // The mask is added, never substituted, exactly as LibTorch's unfused ops would add it: a row that
 // sees no key (all -inf) comes out NaN, as softmax makes it, and NaN and infinities reach the
 // output and gradients where the unfused composition puts them.
@@ -33,7 +37,8 @@
 // tiled with GEMM blocks. Either keeps the output and one log-sum-exp per query row for the
 // backward, which recomputes the probabilities. The short-key kernel reads q, k, v where they lie
 // and lays its results out in their inputs' order of dimensions, so MultiheadAttention's
-// transposes around it stay views. CPU tensors only.
+// transposes around it stay views. Dropout factors go to the short-key kernel, or else to the
+// composition in LibTorch's ops (the tiled kernel takes none). CPU tensors only.
 #pragma once
 
 #include <c10/util/Optional.h>
@@ -45,6 +50,7 @@ namespace afterburner::kernels {
 // q, k, v of different dtypes, a mask requiring grad, or a non-CPU tensor.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const c10::optional<torch::Tensor>& attn_mask = c10::nullopt, bool causal = false,
-                        c10::optional<double> scale = c10::nullopt);
+                        c10::optional<double> scale = c10::nullopt,
+                        const c10::optional<torch::Tensor>& dropout_mask = c10::nullopt);
 
 }  // namespace afterburner::kernels
