@@ -17,7 +17,7 @@ buffers, state_dict keys and train()/eval() are the user's; only its forward cha
 the module itself run; hooks on its submodules do not, as in any TorchScript forward).
 - Training (an optimizer given, or the model in training mode): the module is scripted and its
   forward fused (afterburner.jit.fuse: conv/linear + ReLU, ReLU + max-pool, nn.MultiheadAttention
-  on the fused attention), sharing its parameters; convolution weights and 4-D inputs go
+  on the fused attention, dropout with torch's masks drawn in bulk), sharing its parameters; convolution weights and 4-D inputs go
   channels_last (where the model has 4-D weights, unless channels_last=False). dtype=bfloat16
   runs the forward under CPU bf16 autocast with float32 weights (master copies need no split:
   the weights stay float32), and returns float32 outputs unless the caller's own autocast is on.
