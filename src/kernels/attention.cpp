@@ -2,15 +2,12 @@
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
-#include <c10/util/accumulate.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <functional>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>

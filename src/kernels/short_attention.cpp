@@ -15,6 +15,10 @@ namespace {
 // Keys held at once: their fp32 rows (k and v, 64 KB at D = 64) and a chunk's scores against
 // them stay in L1/L2 while the task's query rows pass over them.
 constexpr int64_t kShortKeys = 128;
+// bf16 only up to this head dimension: its products are fp32 FMAs here, where oneDNN's bf16 matmuls
+// do twice the work an instruction. MultiheadAttention's bf16 core ran 1.0-1.7x slower than the
+// kernel at D 8, 2.3x faster at D 64 (BENCHMARKS.md, "Attention over up to 128 keys").
+constexpr int64_t kShortBFloat16HeadDim = 16;
 // Query rows per forward task: enough tasks for both threads when there are few matrices.
 constexpr int64_t kQueryRows = 64;
 // Query rows computed together, one per vector lane: 16 (one AVX-512 register), or 8 for a last
@@ -389,7 +393,9 @@ ShortOperands<T> short_operands(const Sizes& n, const torch::Tensor& q, const to
 }  // namespace
 
 bool short_kernel_applies(const torch::Tensor& q, int64_t k_len) {
-  return (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16) && k_len <= kShortKeys;
+  if (k_len > kShortKeys) return false;
+  const bool narrow_heads = q.size(-1) <= kShortBFloat16HeadDim;
+  return q.scalar_type() == at::kFloat || (q.scalar_type() == at::kBFloat16 && narrow_heads);
 }
 
 ForwardResult short_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -17,7 +17,7 @@
 
 namespace afterburner::kernels::attention_detail {
 
-// fp32 and bf16 attention over at most kShortKeys keys.
+// fp32 attention over at most 128 keys, and bf16 with head dimensions up to 16.
 bool short_kernel_applies(const torch::Tensor& q, int64_t k_len);
 
 // q, k, v [batch..., len, dim] of one batch shape and dtype; mask additive and dropout the

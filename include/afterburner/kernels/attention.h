@@ -25,16 +25,17 @@
 // (q, k, v alike); under CPU autocast q, k and v run in the autocast dtype, as LibTorch's matmuls
 // would. bf16 is computed in fp32: the products accumulate in fp32, the running max, sum and
 // log-sum-exp are fp32, and only the result is rounded to bf16. Except where LibTorch's bf16
-// matmuls are faster (a CPU with native bf16, more than 128 keys and fewer than 1,024 x 1,024
-// scores): there the [Lq, Lk] scores are computed by them (fp32 accumulation, rounded to bf16 as
-// MultiheadAttention's are under autocast) and softmax-ed in fp32, the probabilities rounded to
-// bf16 for the second matmul, LibTorch's ops and autograd throughout. A float mask is read in the
-// accumulation dtype; it gets no gradient (a mask requiring grad is refused). The backward is
-// differentiable itself (create_graph), through LibTorch's unfused ops.
+// matmuls are faster (a CPU with native bf16, fewer than 1,024 x 1,024 scores, and more than 128
+// keys or head dimensions above 16): there the [Lq, Lk] scores are computed by them (fp32
+// accumulation, rounded to bf16 as MultiheadAttention's are under autocast) and softmax-ed in
+// fp32, the probabilities rounded to bf16 for the second matmul, LibTorch's ops and autograd
+// throughout. A float mask is read in the accumulation dtype; it gets no gradient (a mask
+// requiring grad is refused). The backward is differentiable itself (create_graph), through
+// LibTorch's unfused ops.
 //
-// Two kernels, one result: up to 128 keys (fp32 and bf16: a vision transformer's patches, a
-// sentence) 16 query rows at a time, one per vector lane, each row's scores held whole; beyond,
-// tiled with GEMM blocks. Either keeps the output and one log-sum-exp per query row for the
+// Two kernels, one result: up to 128 keys (a vision transformer's patches, a sentence; in bf16
+// with head dimensions up to 16) 16 query rows at a time, one per vector lane, each row's scores
+// held whole; beyond, tiled with GEMM blocks. Either keeps the output and one log-sum-exp per query row for the
 // backward, which recomputes the probabilities. The short-key kernel reads q, k, v where they lie
 // and lays its results out in their inputs' order of dimensions, so MultiheadAttention's
 // transposes around it stay views. Dropout factors go to the short-key kernel, or else to the
