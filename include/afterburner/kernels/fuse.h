@@ -54,11 +54,11 @@ struct ScriptFuseResult {
 // relu (unless that relu goes to a max_pool2d) and linear then relu rewritten onto afterburner's
 // ops, the other conv2d onto afterburner::conv2d (depthwise ones and those of 1-pixel images
 // train their own way: kernels/conv2d.h), dropout onto afterburner::dropout (the same draws, in
-// bulk: kernels/dropout.h; of probability 0, the input itself), and scripted nn.MultiheadAttention onto
-// afterburner::attention (MHA's own code kept for what the fused op does not compute as it does,
-// chosen as the forward runs; nn.TransformerEncoderLayer's and TransformerEncoder's evaluation
-// fast paths, which fail under CPU autocast in LibTorch 1.13, off). Parameters stay the module's:
-// training through the result trains the module.
+// bulk: kernels/dropout.h; of probability 0, the input itself), and scripted
+// nn.MultiheadAttention onto afterburner::attention (MHA's own code kept for what the fused op
+// does not compute as it does, chosen as the forward runs; nn.TransformerEncoderLayer's and
+// TransformerEncoder's evaluation fast paths, which fail under CPU autocast in LibTorch 1.13,
+// off). Parameters stay the module's: training through the result trains the module.
 ScriptFuseResult fuse_forward(const torch::jit::Module& module);
 
 // relu (or an in-place relu_ of a value nothing else reads) then max_pool2d, in `graph` as it
