@@ -1,10 +1,10 @@
 #include "short_attention.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "simd.h"
