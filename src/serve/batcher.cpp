@@ -55,8 +55,8 @@ std::vector<at::Tensor> concat_inputs(const std::vector<std::vector<at::Tensor>*
 
 }  // namespace
 
-Batcher::Batcher(ModelConfig config, std::vector<Runner> runners, ModelMetrics& metrics)
-    : config_(std::move(config)), runners_(std::move(runners)), metrics_(metrics) {
+Batcher::Batcher(ModelConfig config, std::vector<Runner> runners, ModelMetrics& metrics, std::mutex* warm_up_lock)
+    : config_(std::move(config)), runners_(std::move(runners)), metrics_(metrics), warm_up_lock_(warm_up_lock) {
   if (runners_.empty()) throw UsageError(config_.name, "a batcher needs at least one model instance");
   for (std::size_t i = 0; i < runners_.size(); ++i) workers_.emplace_back([this, i] { work(i); });
 }
@@ -133,6 +133,8 @@ void Batcher::work(std::size_t instance) {
 // the model reports ready. A model that fails on them fails with its own error first, then the
 // inputs it was given.
 void Batcher::warm_up(const Runner& runner) {
+  std::unique_lock<std::mutex> one_at_a_time;
+  if (warm_up_lock_) one_at_a_time = std::unique_lock<std::mutex>(*warm_up_lock_);
   for (int64_t samples = 1; samples <= config_.max_batch_size; ++samples) {
     std::vector<at::Tensor> inputs;
     std::vector<std::string> described;

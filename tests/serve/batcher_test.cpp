@@ -3,6 +3,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <future>
 #include <set>
 #include <thread>
@@ -229,6 +230,29 @@ TEST(Batcher, WarmsUpEveryBatchSizeOfEveryInstanceBeforeReady) {
   std::lock_guard<std::mutex> lock(mutex);
   for (const auto& sizes : seen) EXPECT_EQ(sizes, (std::multiset<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
   EXPECT_EQ(metrics.execution_count, 0u);  // warm-up is not serving
+}
+
+TEST(Batcher, BatchersSharingAWarmUpLockWarmUpOneAtATime) {
+  AffineModel model;
+  std::atomic<int> warming{0};
+  std::atomic<int> most_at_once{0};
+  // Each call lasts 5 ms: 2 batchers x 2 instances x 8 batch sizes would overlap unless held apart.
+  auto runner = [&, run = model.runner()](const std::vector<at::Tensor>& inputs) {
+    const int now = ++warming;
+    int most = most_at_once.load();
+    while (now > most && !most_at_once.compare_exchange_weak(most, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    --warming;
+    return run(inputs);
+  };
+  std::mutex warm_up_lock;
+  ModelMetrics first_metrics, second_metrics;
+  Batcher first(affine_config(), {runner, runner}, first_metrics, &warm_up_lock);
+  Batcher second(affine_config(), {runner, runner}, second_metrics, &warm_up_lock);
+  first.wait_until_ready();
+  second.wait_until_ready();
+  EXPECT_EQ(most_at_once.load(), 1);
 }
 
 TEST(Batcher, AWarmUpThatFindsWrongOutputsNamesTheModelFile) {

@@ -9,7 +9,8 @@
 // when that fills the batch, when a prefix of the queue makes a preferred batch size (the
 // largest it can), or when max_queue_delay_us has passed since the oldest request arrived;
 // until then it waits for more. Before serving, each worker warms its instance up with every
-// batch size from 1 to max_batch_size, so that no request pays for first-call costs.
+// batch size from 1 to max_batch_size, so that no request pays for first-call costs; with a
+// `warm_up_lock`, holding it (ModelService shares one between its batchers and its loading).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -43,8 +44,10 @@ using BatchCallback = std::function<void(BatchResult)>;
 
 class Batcher {
  public:
-  // One worker thread per runner. `metrics` must outlive the batcher.
-  Batcher(ModelConfig config, std::vector<Runner> runners, ModelMetrics& metrics);
+  // One worker thread per runner. `metrics`, and `warm_up_lock` where given, must outlive the
+  // batcher.
+  Batcher(ModelConfig config, std::vector<Runner> runners, ModelMetrics& metrics,
+          std::mutex* warm_up_lock = nullptr);
   ~Batcher();  // shutdown()
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
@@ -81,6 +84,7 @@ class Batcher {
   const ModelConfig config_;
   const std::vector<Runner> runners_;
   ModelMetrics& metrics_;
+  std::mutex* const warm_up_lock_;
 
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;

@@ -10,6 +10,7 @@
 #include <torch/arg.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,8 @@ class ModelService : public Service {
 
   ModelServiceOptions options_;
   ThreadsGuard threads_;
-  std::vector<std::unique_ptr<Model>> models_;  // by name
+  std::mutex startup_;  // held while a model loads or warms up: one at a time
+  std::vector<std::unique_ptr<Model>> models_;  // by name; after startup_, which its batchers use
 };
 
 }  // namespace afterburner::serve
