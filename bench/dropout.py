@@ -10,14 +10,13 @@ here, bit for bit, every round).
 
 Run it on a quiet machine: the load average is printed at start and end.
 """
-import argparse
-import statistics
 import time
 
 import torch
 
 import afterburner  # noqa: F401  (loads torch.ops.afterburner)
 from machine import cpu_description, load_description
+from op_timing import arguments, cells
 
 SHAPES = {"attention weights [512, 28, 28]": (512, 28, 28), "activations [128, 28, 32]": (128, 28, 32),
           "feed-forward [128, 28, 64]": (128, 28, 64), "large [64, 1024, 256]": (64, 1024, 256)}
@@ -38,11 +37,7 @@ def same_masks(x):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=50)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = arguments(__doc__)
     torch.set_num_threads(args.threads)
     print(f"{cpu_description()}; {args.threads} threads; {load_description()}")
     print(f"{'tensor':34} {'dtype':9} {'torch.dropout ms':>24} {'afterburner ms':>24} {'ratio':>6}")
@@ -54,12 +49,8 @@ def main():
                 assert same_masks(x), "the masks differ"
                 times["torch"].append(seconds_per_call(torch.dropout, x, args.calls))
                 times["ours"].append(seconds_per_call(torch.ops.afterburner.dropout, x, args.calls))
-            cells = []
-            for side in ("torch", "ours"):
-                ms = [t * 1e3 for t in times[side]]
-                cells.append(f"{statistics.median(ms):8.3f} [{min(ms):6.3f}, {max(ms):6.3f}]")
-            ratio = statistics.median(times["torch"]) / statistics.median(times["ours"])
-            print(f"{name:34} {str(dtype).split('.')[1]:9} {cells[0]:>24} {cells[1]:>24} {ratio:5.1f}x")
+            torch_cell, our_cell, ratio = cells(times, 24)
+            print(f"{name:34} {str(dtype).split('.')[1]:9} {torch_cell} {our_cell} {ratio:5.1f}x")
     print(f"at the end: {load_description()}")
 
 

@@ -210,6 +210,24 @@ void dropout_onto_ours(jit::Block* block) {
   }
 }
 
+// Every aten::gelu of the erf form (approximate "none", a constant) as afterburner::gelu
+// (kernels/gelu.h); the tanh form stays LibTorch's.
+void gelu_onto_ours(jit::Block* block) {
+  static const c10::Symbol ours = c10::Symbol::fromQualString("afterburner::gelu");
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    jit::Node* node = *it++;
+    for (jit::Block* inner : node->blocks()) gelu_onto_ours(inner);
+    if (node->kind() != c10::aten::gelu || node->inputs().size() != 2) continue;
+    const c10::optional<std::string> approximate = jit::constant_as<std::string>(node->input(1));
+    if (!approximate || *approximate != "none") continue;
+    jit::Node* replacement = block->owningGraph()->create(ours, {node->input(0)});
+    replacement->insertBefore(node);
+    replacement->output()->setType(node->output()->type());
+    node->output()->replaceAllUsesWith(replacement->output());
+    node->destroy();
+  }
+}
+
 // Inlines `graph` (submodules' forwards become part of it, so patterns span them) and rewrites
 // its fusable patterns in place, saying what it fused and what it left.
 void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fused,
@@ -227,6 +245,7 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
   jit::ConstantPropagation(graph, /*ignore_custom_classes=*/true);
   remove_dropout_of_zero(graph->block());
   dropout_onto_ours(graph->block());
+  gelu_onto_ours(graph->block());
   // An attention's weights that its caller drops (`out, _ = self.attention(x, x, x)`) are computed
   // by nothing once the tuple between them is gone.
   jit::LowerSimpleTuples(graph);
@@ -244,7 +263,8 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
                                  Kind{"afterburner::conv2d_relu", "conv2d + relu"},
                                  Kind{"afterburner::linear_relu", "linear + relu"},
                                  Kind{"afterburner::conv2d", "conv2d"},
-                                 Kind{"afterburner::dropout", "dropout"}}) {
+                                 Kind{"afterburner::dropout", "dropout"},
+                                 Kind{"afterburner::gelu", "gelu"}}) {
     if (const int n = count(graph, c10::Symbol::fromQualString(op))) fused.push_back(fmt::format("{} x {}", n, what));
   }
   if (const int left = count(graph, c10::aten::relu) + count(graph, c10::aten::relu_)) {

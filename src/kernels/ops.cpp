@@ -13,6 +13,7 @@
 #include "afterburner/kernels/conv2d.h"
 #include "afterburner/kernels/flat_optim.h"
 #include "afterburner/kernels/fuse.h"
+#include "afterburner/kernels/gelu.h"
 #include "afterburner/kernels/linear_relu.h"
 #include "afterburner/kernels/low_rank.h"
 #include "afterburner/kernels/relu_maxpool.h"
@@ -141,6 +142,10 @@ TORCH_LIBRARY(afterburner, m) {
   // aten::dropout's answer, bit for bit from the same draws of the default CPU generator, drawn in
   // bulk (kernels::dropout); autograd through the ATen ops it ends in.
   m.def("dropout(Tensor input, float p, bool train) -> Tensor", dropout);
+  // x / 2 (1 + erf(x / sqrt(2))), as aten::gelu(x) (approximate "none"), in one pass that reads and
+  // writes bf16 directly (kernels::gelu).
+  m.def("gelu(Tensor x) -> Tensor");
+  register_kernels<gelu>(m, "gelu");
   // One in-place step of torch.optim.SGD / AdamW over all the tensors given, in one fused pass
   // (kernels::sgd_step / adamw_step); run under no_grad, as optimizers step.
   m.def("sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, bool[] fresh, float lr, "

@@ -125,11 +125,7 @@ __attribute__((always_inline)) inline void round_lanes(Lanes<N> values, float* t
 
 template <int N>
 __attribute__((always_inline)) inline void round_lanes(Lanes<N> values, c10::BFloat16* to) {
-  using Bits = typename simd::UintsOf<Lanes<N>>::type;
-  Bits bits;
-  std::memcpy(&bits, &values, sizeof bits);
-  const Bits rounded = (bits + (((bits >> 16) & 1u) + 0x7fffu)) >> 16;
-  const Bits halves = values != values ? Bits{} + 0x7fc0u : rounded;
+  const auto halves = simd::bf16_bits(values);
   for (int r = 0; r < N; ++r) to[r] = c10::BFloat16(static_cast<uint16_t>(halves[r]), c10::BFloat16::from_bits());
 }
 

@@ -1,5 +1,6 @@
 // 16 fp32 lanes as GCC vector extensions, for the kernels that keep their sums in registers
-// (conv2d's depthwise weight gradient, short_attention's rows of scores). Internal to src/kernels.
+// (conv2d's depthwise weight gradient, short_attention's rows of scores) or compute lane by lane
+// (gelu). Internal to src/kernels.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -51,8 +52,6 @@ __attribute__((always_inline)) inline Vec load(const T* p, int64_t lanes) {
 
 __attribute__((always_inline)) inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 
-// exp_nonpositive (exp_nonpositive.h) on every lane of a GCC vector of floats V: the same steps,
-// as vector operations.
 // 32-bit integers, signed and unsigned, as many as a GCC vector of floats V has lanes.
 template <typename V>
 struct IntsOf {
@@ -63,6 +62,32 @@ struct UintsOf {
   typedef uint32_t type __attribute__((vector_size(sizeof(V))));
 };
 
+// Each lane's bf16 bits (in the low half), rounded to nearest even, NaN a quiet NaN: as
+// c10::BFloat16's constructor rounds one value.
+template <typename V>
+__attribute__((always_inline)) inline typename UintsOf<V>::type bf16_bits(V v) {
+  using Bits = typename UintsOf<V>::type;
+  Bits bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const Bits rounded = (bits + (((bits >> 16) & 1u) + 0x7fffu)) >> 16;
+  return v != v ? Bits{} + 0x7fc0u : rounded;
+}
+
+__attribute__((always_inline)) inline void store(c10::BFloat16* p, Vec v) {
+  const Halves halves = __builtin_convertvector(bf16_bits(v), Halves);
+  std::memcpy(p, &halves, sizeof halves);
+}
+
+// The first `lanes` (< kLanes) values of v at p, nothing past them.
+template <typename T>
+__attribute__((always_inline)) inline void store_partial(T* p, Vec v, int64_t lanes) {
+  T values[kLanes];
+  store(values, v);
+  std::memcpy(p, values, lanes * sizeof(T));
+}
+
+// exp_nonpositive (exp_nonpositive.h) on every lane of a GCC vector of floats V: the same steps,
+// as vector operations.
 template <typename V>
 __attribute__((always_inline)) inline V exp_nonpositive(V v) {
   using Ints = typename IntsOf<V>::type;

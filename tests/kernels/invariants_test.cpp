@@ -4,7 +4,8 @@
 //
 // Precisions: all ops fp32; bf16 tensors for all but the optimizers (FlatSGD/FlatAdamW refuse
 // them: fp32 master weights only, tested below); bf16 autocast for the ops that follow autocast
-// (linear_relu, Conv2dReLU, low_rank_linear, fuse, attention); fp64 where the op has a path of its own.
+// (linear_relu, Conv2dReLU, low_rank_linear, fuse, attention, gelu); fp64 where the op has a path of
+// its own (gelu's is LibTorch's).
 // mm and addmm are the building blocks inside autograd functions and run there in the dtype they
 // are given, so they are checked on fp32, bf16 and fp64 tensors rather than under autocast.
 // Second-order gradients (create_graph) are checked where the backward is differentiable.
@@ -25,6 +26,7 @@
 #include "afterburner/kernels/conv2d.h"
 #include "afterburner/kernels/flat_optim.h"
 #include "afterburner/kernels/fuse.h"
+#include "afterburner/kernels/gelu.h"
 #include "afterburner/kernels/gemm.h"
 #include "afterburner/kernels/linear_relu.h"
 #include "afterburner/kernels/low_rank.h"
@@ -231,6 +233,28 @@ OpCase cross_entropy_case() {
           }};
 }
 
+// Shapes {N, C, H, W}: one element, odd sizes, a row of 37 (two 16-lane blocks and a tail of 5),
+// and 66,560 elements (two parallel tasks of the gradient).
+OpCase gelu_case() {
+  return {"gelu",
+          {P::fp32, P::bf16, P::autocast_bf16, P::fp64},
+          {{1, 1, 1, 1}, {2, 3, 5, 7}, {1, 1, 1, 37}, {2, 8, 64, 65}},
+          kImageLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            const auto x = in.random({s[0], s[1], s[2], s[3]}, l);
+            return Trial{[=] { return kernels::gelu(x); }, [=] { return torch::gelu(x); }};
+          }};
+}
+
+// Under create_graph the gradient is LibTorch's gelu_backward (differentiable), not the kernel's:
+// a case of its own, so that gelu_case checks the kernel's own gradient in every precision.
+OpCase gelu_second_order_case() {
+  OpCase c = gelu_case();
+  c.name = "gelu, second order";
+  c.precisions = {P::fp32};
+  return differentiated_twice(c);
+}
+
 // Shapes {M, K, R, N, has bias}.
 OpCase low_rank_case() {
   return {"low_rank_linear",
@@ -354,6 +378,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
                                            relu_max_pool_overlapping_case(), relu_max_pool_module_case(),
                                            differentiated_twice(cross_entropy_case()),
                                            differentiated_twice(low_rank_case()), fuse_case(),
+                                           gelu_case(), gelu_second_order_case(),
                                            attention_case(), attention_second_order_case()),
                          [](const ::testing::TestParamInfo<OpCase>& info) {
                            std::string name;

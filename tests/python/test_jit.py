@@ -140,6 +140,55 @@ def test_dropout_of_probability_zero_is_its_input_and_others_draw_as_torch():
         assert not torch.equal(fused(x)[1], got[1]), "p = 0.5 draws anew"
 
 
+class Gelus(torch.nn.Module):
+    """GELU as users write it: the module (a constant `approximate` in TorchScript), the function,
+    and the tanh form, which stays LibTorch's."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(12, 48)
+        self.act = torch.nn.GELU()
+        self.out = torch.nn.Linear(48, 5, bias=False)
+
+    def forward(self, x):
+        h = self.act(self.fc(x))
+        return self.out(F.gelu(h) + F.gelu(h, approximate="tanh"))
+
+
+@pytest.mark.parametrize("kind", ["script", "trace"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("batch", [1, 7, 300])
+def test_gelu_runs_torchs_forward_and_afterburners_gradient(kind, precision, batch):
+    torch.manual_seed(0)
+    model = Gelus()
+    module = torch.jit.script(model) if kind == "script" else torch.jit.trace(model, torch.randn(2, 12))
+    fused, report = jit.fuse(module)
+    assert "2 x gelu" in report.fused, report
+    graph = str(fused.graph)
+    assert graph.count("afterburner::gelu(") == 2 and graph.count("aten::gelu(") == 1, graph  # the tanh one
+    x = torch.randn(batch, 12)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    first = None
+    for _ in range(2):  # a second call gives the same answer
+        with autocast:
+            got = fused(x)
+        got_grads = torch.autograd.grad(got.float().square().sum(), list(fused.parameters()))
+        with autocast:
+            want = model(x)
+        want_grads = torch.autograd.grad(want.float().square().sum(), list(model.parameters()))
+        # fp32: the forward is LibTorch's own, bit for bit, and the gradients a few ulps apart. bf16:
+        # a scripted module under autocast rounds otherwise than the eager one (fused or not), and
+        # the GELU gradient is rounded once.
+        bound = {"fp32": 0.0, "bf16": 2e-2}[precision] * want.abs().max().item()
+        torch.testing.assert_close(got, want, rtol=0, atol=bound)
+        for g, w in zip(got_grads, want_grads):
+            tolerance = {"fp32": 1e-5, "bf16": 2e-2}[precision] * w.abs().max().item()
+            torch.testing.assert_close(g, w, rtol=0, atol=tolerance)
+        if first is not None:
+            assert torch.equal(got, first[0]) and all(torch.equal(a, b) for a, b in zip(got_grads, first[1]))
+        first = (got, got_grads)
+
+
 class InvertedResidual(torch.nn.Module):
     """An inverted residual block as torchvision writes them: expand 1x1, a depthwise convolution
     (groups == channels) with BatchNorm and an activation, project 1x1, plus the input; a stride-2

@@ -1,0 +1,23 @@
+"""What the one-op benchmarks (dropout.py, gelu.py) share: their arguments and a row's cells,
+median [min, max] of each side's milliseconds per call, and the ratio."""
+import argparse
+import statistics
+
+
+def arguments(doc):
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=2)
+    return parser.parse_args()
+
+
+def cells(times, width):
+    """`times`: {"torch": [seconds per call, ...], "ours": [...]} -> the row's two cells and the
+    ratio of the medians (torch's over ours)."""
+    row = []
+    for side in ("torch", "ours"):
+        ms = [t * 1e3 for t in times[side]]
+        row.append(f"{statistics.median(ms):8.3f} [{min(ms):6.3f}, {max(ms):6.3f}]".rjust(width))
+    ratio = statistics.median(times["torch"]) / statistics.median(times["ours"])
+    return row[0], row[1], ratio
