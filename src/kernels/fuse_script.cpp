@@ -194,15 +194,18 @@ void remove_dropout_of_zero(jit::Block* block) {
   }
 }
 
-// Every other aten::dropout as afterburner::dropout: LibTorch's eager answer from the same random
-// draws, drawn in bulk (kernels/dropout.h); the executor's lowering above is not applied to it.
-void dropout_onto_ours(jit::Block* block) {
-  static const c10::Symbol ours = c10::Symbol::fromQualString("afterburner::dropout");
+// Every node of `kind` in `block` and its inner blocks for which `inputs_of` gives inputs (a
+// node it gives none for stays), replaced by an `ours` node on them.
+template <typename InputsOf>
+void onto_ours(jit::Block* block, c10::Symbol kind, const char* ours, const InputsOf& inputs_of) {
+  const c10::Symbol replacement_kind = c10::Symbol::fromQualString(ours);
   for (auto it = block->nodes().begin(); it != block->nodes().end();) {
     jit::Node* node = *it++;
-    for (jit::Block* inner : node->blocks()) dropout_onto_ours(inner);
-    if (node->kind() != c10::aten::dropout) continue;
-    jit::Node* replacement = block->owningGraph()->create(ours, node->inputs());
+    for (jit::Block* inner : node->blocks()) onto_ours(inner, kind, ours, inputs_of);
+    if (node->kind() != kind) continue;
+    const c10::optional<std::vector<jit::Value*>> inputs = inputs_of(node);
+    if (!inputs) continue;
+    jit::Node* replacement = block->owningGraph()->create(replacement_kind, *inputs);
     replacement->insertBefore(node);
     replacement->output()->setType(node->output()->type());
     node->output()->replaceAllUsesWith(replacement->output());
@@ -210,22 +213,27 @@ void dropout_onto_ours(jit::Block* block) {
   }
 }
 
-// Every aten::gelu of the erf form (approximate "none", a constant) as afterburner::gelu
-// (kernels/gelu.h); the tanh form stays LibTorch's.
-void gelu_onto_ours(jit::Block* block) {
-  static const c10::Symbol ours = c10::Symbol::fromQualString("afterburner::gelu");
-  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
-    jit::Node* node = *it++;
-    for (jit::Block* inner : node->blocks()) gelu_onto_ours(inner);
-    if (node->kind() != c10::aten::gelu || node->inputs().size() != 2) continue;
-    const c10::optional<std::string> approximate = jit::constant_as<std::string>(node->input(1));
-    if (!approximate || *approximate != "none") continue;
-    jit::Node* replacement = block->owningGraph()->create(ours, {node->input(0)});
-    replacement->insertBefore(node);
-    replacement->output()->setType(node->output()->type());
-    node->output()->replaceAllUsesWith(replacement->output());
-    node->destroy();
-  }
+// aten::dropout, aten::gelu of the erf form and aten::layer_norm onto afterburner's ops:
+// - dropout: every other one (those of p = 0 are gone), LibTorch's eager answer from the same
+//   random draws, drawn in bulk (kernels/dropout.h); the executor's lowering of dropout (a mask of
+//   ones multiplied in) is not applied to it;
+// - gelu: where `approximate` is the constant "none" (kernels/gelu.h); the tanh form stays LibTorch's;
+// - layer_norm: every one, its cases handed back to LibTorch where the kernel does not take them
+//   (kernels/layer_norm.h); cudnn_enable, the last argument, means nothing on CPU.
+void ops_onto_ours(jit::Block* block) {
+  using Inputs = c10::optional<std::vector<jit::Value*>>;
+  onto_ours(block, c10::aten::dropout, "afterburner::dropout", [](jit::Node* node) -> Inputs {
+    return node->inputs().vec();
+  });
+  onto_ours(block, c10::aten::gelu, "afterburner::gelu", [](jit::Node* node) -> Inputs {
+    const auto approximate = node->inputs().size() == 2 ? jit::constant_as<std::string>(node->input(1)) : c10::nullopt;
+    if (!approximate || *approximate != "none") return c10::nullopt;
+    return std::vector<jit::Value*>{node->input(0)};
+  });
+  onto_ours(block, c10::aten::layer_norm, "afterburner::layer_norm", [](jit::Node* node) -> Inputs {
+    if (node->inputs().size() != 6) return c10::nullopt;
+    return node->inputs().slice(0, 5).vec();
+  });
 }
 
 // Inlines `graph` (submodules' forwards become part of it, so patterns span them) and rewrites
@@ -244,8 +252,7 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
   // `if stride is None:`): folding those on the now constant options exposes the ops themselves.
   jit::ConstantPropagation(graph, /*ignore_custom_classes=*/true);
   remove_dropout_of_zero(graph->block());
-  dropout_onto_ours(graph->block());
-  gelu_onto_ours(graph->block());
+  ops_onto_ours(graph->block());
   // An attention's weights that its caller drops (`out, _ = self.attention(x, x, x)`) are computed
   // by nothing once the tuple between them is gone.
   jit::LowerSimpleTuples(graph);
@@ -264,7 +271,8 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
                                  Kind{"afterburner::linear_relu", "linear + relu"},
                                  Kind{"afterburner::conv2d", "conv2d"},
                                  Kind{"afterburner::dropout", "dropout"},
-                                 Kind{"afterburner::gelu", "gelu"}}) {
+                                 Kind{"afterburner::gelu", "gelu"},
+                                 Kind{"afterburner::layer_norm", "layer_norm"}}) {
     if (const int n = count(graph, c10::Symbol::fromQualString(op))) fused.push_back(fmt::format("{} x {}", n, what));
   }
   if (const int left = count(graph, c10::aten::relu) + count(graph, c10::aten::relu_)) {

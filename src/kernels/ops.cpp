@@ -14,6 +14,7 @@
 #include "afterburner/kernels/flat_optim.h"
 #include "afterburner/kernels/fuse.h"
 #include "afterburner/kernels/gelu.h"
+#include "afterburner/kernels/layer_norm.h"
 #include "afterburner/kernels/linear_relu.h"
 #include "afterburner/kernels/low_rank.h"
 #include "afterburner/kernels/relu_maxpool.h"
@@ -53,6 +54,12 @@ torch::Tensor conv2d_relu_op(const torch::Tensor& x, const torch::Tensor& weight
 torch::Tensor conv2d_op(const torch::Tensor& x, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias,
                         at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
   return conv2d(x, weight, or_undefined(bias), stride, padding, dilation, groups);
+}
+
+torch::Tensor layer_norm_op(const torch::Tensor& x, at::IntArrayRef normalized_shape,
+                            const c10::optional<torch::Tensor>& weight, const c10::optional<torch::Tensor>& bias,
+                            double eps) {
+  return layer_norm(x, normalized_shape, or_undefined(weight), or_undefined(bias), eps);
 }
 
 torch::Tensor low_rank_linear_op(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
@@ -146,6 +153,11 @@ TORCH_LIBRARY(afterburner, m) {
   // writes bf16 directly (kernels::gelu).
   m.def("gelu(Tensor x) -> Tensor");
   register_kernels<gelu>(m, "gelu");
+  // (x - mean) / sqrt(var + eps) * weight + bias over the last dimensions, as aten::layer_norm; under
+  // autocast from a bf16 input read as it is to the fp32 result (kernels::layer_norm).
+  m.def("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) "
+        "-> Tensor");
+  register_kernels<layer_norm_op>(m, "layer_norm");
   // One in-place step of torch.optim.SGD / AdamW over all the tensors given, in one fused pass
   // (kernels::sgd_step / adamw_step); run under no_grad, as optimizers step.
   m.def("sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, bool[] fresh, float lr, "

@@ -50,6 +50,12 @@ __attribute__((always_inline)) inline Vec load(const T* p, int64_t lanes) {
   return full ? load(p) : load_partial(p, lanes);
 }
 
+// The first `lanes` (<= kLanes) values at p: a whole vector's load where they are kLanes.
+template <typename T>
+__attribute__((always_inline)) inline Vec load_upto(const T* p, int64_t lanes) {
+  return lanes == kLanes ? load(p) : load_partial(p, lanes);
+}
+
 __attribute__((always_inline)) inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 
 // 32-bit integers, signed and unsigned, as many as a GCC vector of floats V has lanes.
@@ -84,6 +90,16 @@ __attribute__((always_inline)) inline void store_partial(T* p, Vec v, int64_t la
   T values[kLanes];
   store(values, v);
   std::memcpy(p, values, lanes * sizeof(T));
+}
+
+// The first `lanes` (<= kLanes) values of v at p: a whole vector's store where they are kLanes.
+template <typename T>
+__attribute__((always_inline)) inline void store_upto(T* p, Vec v, int64_t lanes) {
+  if (lanes == kLanes) {
+    store(p, v);
+  } else {
+    store_partial(p, v, lanes);
+  }
 }
 
 // exp_nonpositive (exp_nonpositive.h) on every lane of a GCC vector of floats V: the same steps,

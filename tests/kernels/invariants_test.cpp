@@ -4,8 +4,8 @@
 //
 // Precisions: all ops fp32; bf16 tensors for all but the optimizers (FlatSGD/FlatAdamW refuse
 // them: fp32 master weights only, tested below); bf16 autocast for the ops that follow autocast
-// (linear_relu, Conv2dReLU, low_rank_linear, fuse, attention, gelu); fp64 where the op has a path of
-// its own (gelu's is LibTorch's).
+// (linear_relu, Conv2dReLU, low_rank_linear, fuse, attention, gelu, layer_norm); fp64 where the op has a
+// path of its own (gelu's and layer_norm's are LibTorch's).
 // mm and addmm are the building blocks inside autograd functions and run there in the dtype they
 // are given, so they are checked on fp32, bf16 and fp64 tensors rather than under autocast.
 // Second-order gradients (create_graph) are checked where the backward is differentiable.
@@ -28,6 +28,7 @@
 #include "afterburner/kernels/fuse.h"
 #include "afterburner/kernels/gelu.h"
 #include "afterburner/kernels/gemm.h"
+#include "afterburner/kernels/layer_norm.h"
 #include "afterburner/kernels/linear_relu.h"
 #include "afterburner/kernels/low_rank.h"
 #include "afterburner/kernels/relu_maxpool.h"
@@ -246,6 +247,29 @@ OpCase gelu_case() {
           }};
 }
 
+// Shapes {rows, features, affine}: one row, a tail of 5 after two 16-lane blocks, three 64-row
+// blocks of the weight's partial sums, no weight and bias. A row of equal values (the expanded
+// layout's) has variance 0, and rstd = 1 / sqrt(eps) = 316 magnifies the roundings of its mean:
+// LibTorch's x rstd - mean rstd and the kernel's (x - mean) rstd differ there by more than fp32's
+// default tolerance.
+OpCase layer_norm_case() {
+  OpCase c{"layer_norm",
+          {P::fp32, P::bf16, P::autocast_bf16, P::fp64},
+          {{1, 16, 1}, {7, 37, 1}, {130, 32, 1}, {3, 5, 0}},
+          kMatrixLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            const auto x = in.random({s[0], s[1]}, l);
+            const auto weight = s[2] ? in.random({s[1]}, l) : torch::Tensor();
+            const auto bias = s[2] ? in.random({s[1]}, l) : torch::Tensor();
+            return Trial{[=] { return kernels::layer_norm(x, {s[1]}, weight, bias, 1e-5); },
+                         [=] { return torch::layer_norm(x, {s[1]}, weight, bias, 1e-5); }};
+          }};
+  c.tolerance = [](Precision precision) {
+    return precision == P::fp32 ? Tolerance{2e-5, 2e-5} : default_tolerance(precision);
+  };
+  return c;
+}
+
 // Under create_graph the gradient is LibTorch's gelu_backward (differentiable), not the kernel's:
 // a case of its own, so that gelu_case checks the kernel's own gradient in every precision.
 OpCase gelu_second_order_case() {
@@ -378,7 +402,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
                                            relu_max_pool_overlapping_case(), relu_max_pool_module_case(),
                                            differentiated_twice(cross_entropy_case()),
                                            differentiated_twice(low_rank_case()), fuse_case(),
-                                           gelu_case(), gelu_second_order_case(),
+                                           gelu_case(), gelu_second_order_case(), layer_norm_case(),
                                            attention_case(), attention_second_order_case()),
                          [](const ::testing::TestParamInfo<OpCase>& info) {
                            std::string name;

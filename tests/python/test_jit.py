@@ -189,6 +189,49 @@ def test_gelu_runs_torchs_forward_and_afterburners_gradient(kind, precision, bat
         first = (got, got_grads)
 
 
+class Norms(torch.nn.Module):
+    """LayerNorm as users write it: the module, and the function without weight and bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(12, 40)
+        self.norm = torch.nn.LayerNorm(40)
+        self.out = torch.nn.Linear(40, 5)
+
+    def forward(self, x):
+        h = self.norm(self.fc(x))
+        return self.out(F.layer_norm(h, [40]) + h)
+
+
+@pytest.mark.parametrize("kind", ["script", "trace"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("batch", [1, 7, 300])
+def test_layer_norm_trains_as_the_modules(kind, precision, batch):
+    """fp32 against the module; bf16 (autocast: LayerNorm reads the Linear's bf16 output as it is,
+    in fp32) against the module in fp32, which torch 1.13's eager autocast cannot run (its
+    layer_norm refuses a bf16 input)."""
+    torch.manual_seed(0)
+    model = Norms()
+    module = torch.jit.script(model) if kind == "script" else torch.jit.trace(model, torch.randn(2, 12))
+    fused, report = jit.fuse(module)
+    assert "2 x layer_norm" in report.fused, report
+    x = torch.randn(batch, 12)
+    want = model(x)
+    want_grads = torch.autograd.grad(want.square().sum(), list(model.parameters()))
+    first = None
+    for _ in range(2):  # a second call gives the same answer
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            got = fused(x)
+        got_grads = torch.autograd.grad(got.float().square().sum(), list(fused.parameters()))
+        bound = {"fp32": 1e-5, "bf16": 5e-2}[precision]
+        torch.testing.assert_close(got.float(), want, rtol=0, atol=bound * want.abs().max().item())
+        for g, w in zip(got_grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=0, atol=bound * w.abs().max().item())
+        if first is not None:
+            assert torch.equal(got, first[0]) and all(torch.equal(a, b) for a, b in zip(got_grads, first[1]))
+        first = (got, got_grads)
+
+
 class InvertedResidual(torch.nn.Module):
     """An inverted residual block as torchvision writes them: expand 1x1, a depthwise convolution
     (groups == channels) with BatchNorm and an activation, project 1x1, plus the input; a stride-2

@@ -270,8 +270,9 @@ def test_transformer_encoder_trains_and_evaluates_as_the_module(batch_first, nor
     torch.manual_seed(0)
     module = torch.jit.script(Encoder(batch_first, norm_first))
     fused, report = jit.fuse(module)
-    # the feed-forward's linear + relu; MHA's dropout, in its own code and on the fused path, per layer
-    assert report.fused == ["2 x multi-head attention", "2 x linear + relu", "6 x dropout"], report
+    # the feed-forward's linear + relu; MHA's dropout, in its own code and on the fused path, and two
+    # LayerNorms per layer
+    assert report.fused == ["2 x multi-head attention", "2 x linear + relu", "6 x dropout", "4 x layer_norm"], report
     x = sequences(3, LENGTH, batch_first, torch.float)
     key_padding_mask = masks("padding bool", 3, LENGTH, LENGTH, torch.float)[0] if padding else None
     parameters = list(module.parameters())
