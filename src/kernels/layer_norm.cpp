@@ -21,7 +21,8 @@ constexpr int64_t kNormRowsPerBlock = 64;
 __attribute__((always_inline)) inline float sum_of_lanes(simd::Vec v) {
   const auto eight = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
                      __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const auto four = __builtin_shufflevector(eight, eight, 0, 1, 2, 3) + __builtin_shufflevector(eight, eight, 4, 5, 6, 7);
+  const auto four =
+      __builtin_shufflevector(eight, eight, 0, 1, 2, 3) + __builtin_shufflevector(eight, eight, 4, 5, 6, 7);
   const auto two = __builtin_shufflevector(four, four, 0, 1) + __builtin_shufflevector(four, four, 2, 3);
   return two[0] + two[1];
 }
@@ -164,12 +165,13 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
       const T* from = x.data_ptr<T>();
       for_row_blocks(rows, [&](int64_t first, int64_t count, int64_t) {
         normalize_rows(from + first * d, scale.data_ptr<float>(), shift.data_ptr<float>(), count, d,
-                       static_cast<float>(eps),
-                       y.data_ptr<float>() + first * d, mean.data_ptr<float>() + first, rstd.data_ptr<float>() + first);
+                       static_cast<float>(eps), y.data_ptr<float>() + first * d, mean.data_ptr<float>() + first,
+                       rstd.data_ptr<float>() + first);
       });
     });
     ctx->save_for_backward({x, weight.value_or(torch::Tensor()), mean, rstd});
     ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["normalized_shape"] = normalized_shape;
     return y;
   }
 
@@ -195,10 +197,10 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
       const T* from = x.data_ptr<T>();
       for_row_blocks(rows, [&](int64_t first, int64_t count, int64_t block) {
         float* sums = partials.data_ptr<float>() + block * 2 * d;
-        normalize_rows_backward(dy.data_ptr<float>() + first * d, from + first * d,
-                                scale.data_ptr<float>(), mean.data_ptr<float>() + first,
-                                rstd.data_ptr<float>() + first, count, d, dx.data_ptr<T>() + first * d,
-                                weight_grad ? sums : nullptr, bias_grad ? sums + d : nullptr);
+        normalize_rows_backward(dy.data_ptr<float>() + first * d, from + first * d, scale.data_ptr<float>(),
+                                mean.data_ptr<float>() + first, rstd.data_ptr<float>() + first, count, d,
+                                dx.data_ptr<T>() + first * d, weight_grad ? sums : nullptr,
+                                bias_grad ? sums + d : nullptr);
       });
     });
     torch::Tensor dweight, dbias;
@@ -209,8 +211,9 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
       for (int64_t b = 0; b < blocks; ++b) {
         for (int64_t i = 0; i < 2 * d; ++i) total[i] += part[b * 2 * d + i];
       }
-      if (weight_grad) dweight = totals[0].view(weight.sizes());
-      if (bias_grad) dbias = totals[1].view(weight.defined() ? weight.sizes() : at::IntArrayRef{d});
+      const std::vector<int64_t> shape = ctx->saved_data["normalized_shape"].toIntVector();
+      if (weight_grad) dweight = totals[0].view(shape);
+      if (bias_grad) dbias = totals[1].view(shape);
     }
     return {dx, {}, dweight, dbias, {}};
   }

@@ -1,6 +1,6 @@
 // 16 fp32 lanes as GCC vector extensions, for the kernels that keep their sums in registers
 // (conv2d's depthwise weight gradient, short_attention's rows of scores) or compute lane by lane
-// (gelu). Internal to src/kernels.
+// (gelu's gradient, layer_norm's rows). Internal to src/kernels.
 #pragma once
 
 #include <c10/util/BFloat16.h>
