@@ -2,8 +2,8 @@
 // same bits), the gradient ours, dx = dy (Phi(x) + x phi(x)) in one pass over 16 fp32 lanes
 // that reads and writes bf16 directly, one exponential serving erf and the density.
 // Transformers' MLPs and ConvNeXt's blocks run GELU on bf16 activations under autocast
-// (BENCHMARKS.md, "GELU's gradient and LayerNorm": forward and backward together 1.4-2.0x
-// LibTorch's at their sizes).
+// (BENCHMARKS.md, "GELU's gradient and LayerNorm": forward and backward together 1.04-1.34x
+// LibTorch's at their sizes on a quiet machine, more under load).
 //
 //   torch::Tensor y = afterburner::kernels::gelu(x);   // x / 2 (1 + erf(x / sqrt(2)))
 //
