@@ -48,6 +48,21 @@ const std::vector<Layout> kImageLayouts{L::contiguous, L::strided, L::channels_l
 // Max-pooling selects, it does not round: the same values and gradients bit for bit.
 Tolerance exact(Precision) { return {0, 0}; }
 
+// `fp32` for fp32, the default tolerance for the other precisions.
+std::function<Tolerance(Precision)> fp32_tolerance(Tolerance fp32) {
+  return [fp32](Precision precision) { return precision == P::fp32 ? fp32 : default_tolerance(precision); };
+}
+
+// Under create_graph the op's backward runs LibTorch's differentiable ops, not the kernel's: its
+// second order a case of its own, in fp32 (on `shapes` where given), so that the first case checks
+// the kernel's own backward in every precision.
+OpCase second_order_of(OpCase c, std::vector<Shape> shapes = {}) {
+  c.name += ", second order";
+  c.precisions = {P::fp32};
+  if (!shapes.empty()) c.shapes = std::move(shapes);
+  return differentiated_twice(c);
+}
+
 // kernels::mm and addmm on operands not requiring grad: their oneDNN path for fp32.
 // Shapes {M, K, N}.
 const std::vector<Shape> kGemmShapes{{1, 7, 5}, {13, 17, 11}, {4, 1, 3}, {1, 1, 1}, {2, 31, 1}};
@@ -264,19 +279,8 @@ OpCase layer_norm_case() {
             return Trial{[=] { return kernels::layer_norm(x, {s[1]}, weight, bias, 1e-5); },
                          [=] { return torch::layer_norm(x, {s[1]}, weight, bias, 1e-5); }};
           }};
-  c.tolerance = [](Precision precision) {
-    return precision == P::fp32 ? Tolerance{2e-5, 2e-5} : default_tolerance(precision);
-  };
+  c.tolerance = fp32_tolerance({2e-5, 2e-5});
   return c;
-}
-
-// Under create_graph the gradient is LibTorch's gelu_backward (differentiable), not the kernel's:
-// a case of its own, so that gelu_case checks the kernel's own gradient in every precision.
-OpCase gelu_second_order_case() {
-  OpCase c = gelu_case();
-  c.name = "gelu, second order";
-  c.precisions = {P::fp32};
-  return differentiated_twice(c);
 }
 
 // Shapes {M, K, R, N, has bias}.
@@ -349,20 +353,8 @@ OpCase attention_case() {
                           [=] { return unfused_attention(q, k, v, mask, causal, scale, factors); }};
            }};
   // fp32 sums run over up to 131 keys.
-  c.tolerance = [](Precision precision) {
-    return precision == P::fp32 ? Tolerance{1e-5, 1e-5} : default_tolerance(precision);
-  };
+  c.tolerance = fp32_tolerance({1e-5, 1e-5});
   return c;
-}
-
-// Under create_graph the backward runs LibTorch's unfused ops (differentiable), not the kernel's:
-// a case of its own, so that attention_case checks the kernel's own backward in every precision.
-OpCase attention_second_order_case() {
-  OpCase c = attention_case();
-  c.name = "attention, second order";
-  c.precisions = {P::fp32};
-  c.shapes = {{2, 3, 7, 5, 8, 1, 0, 0}, {1, 1, 67, 131, 8, 1, 1, 0}, {2, 2, 17, 17, 8, 1, 0, 1}};
-  return differentiated_twice(c);
 }
 
 // fuse() on a small CNN against the model it rewrites (sharing its parameters): ReLU + MaxPool2d,
@@ -402,8 +394,11 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
                                            relu_max_pool_overlapping_case(), relu_max_pool_module_case(),
                                            differentiated_twice(cross_entropy_case()),
                                            differentiated_twice(low_rank_case()), fuse_case(),
-                                           gelu_case(), gelu_second_order_case(), layer_norm_case(),
-                                           attention_case(), attention_second_order_case()),
+                                           gelu_case(), second_order_of(gelu_case()), layer_norm_case(),
+                                           attention_case(),
+                                           second_order_of(attention_case(), {{2, 3, 7, 5, 8, 1, 0, 0},
+                                                                              {1, 1, 67, 131, 8, 1, 1, 0},
+                                                                              {2, 2, 17, 17, 8, 1, 0, 1}})),
                          [](const ::testing::TestParamInfo<OpCase>& info) {
                            std::string name;
                            for (const char ch : info.param.name) name += std::isalnum(ch) ? ch : '_';
