@@ -49,7 +49,7 @@ TEST(Gelu, ForwardIsLibTorchsBitForBit) {
 
 TEST(Gelu, GradientAgreesWithDoubleAndWithLibTorch) {
   for (const torch::Dtype dtype : {torch::kFloat, torch::kBFloat16}) {
-    for (const int64_t size : {1, 15, 16, 17, 37, 100003}) {  // 100,003: 4 parallel tasks, a tail of 3
+    for (const int64_t size : {1, 15, 16, 17, 37, 100003}) {  // 100,003: over 3 parallel grains, a tail of 3
       SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << ", " << size << " elements");
       torch::manual_seed(size);
       const torch::Tensor x = (torch::randn({size}) * 3).to(dtype), dy = torch::randn({size}).to(dtype);
