@@ -2,8 +2,9 @@
 // gradients of the input, weight and bias: fp32 inputs, and bf16 inputs under autocast (the fp32
 // result of the input widened, the input's gradient rounded to bf16 once), over row lengths
 // across the 16-lane blocks and row counts across the 64-row blocks, with and without weight and
-// bias; the same bits with 1 and 2 threads; the cases handed to at::layer_norm; NaN rows; the
-// refusal of create_graph. The contract (inputs unchanged, fresh outputs) is invariants_test's.
+// bias, and a bias alone; the same bits with 1 and 2 threads; the cases handed to at::layer_norm;
+// NaN rows; the refusal of create_graph. The contract (inputs unchanged, fresh outputs) is
+// invariants_test's.
 #include "afterburner/kernels/layer_norm.h"
 
 #include <ATen/autocast_mode.h>
@@ -110,6 +111,18 @@ TEST(LayerNorm, Bf16UnderAutocastComputesAutocastsFp32ResultFromTheInputAsItIs) 
     expect_near(got.dweight, want.dweight, 1e-4, "dweight");
     expect_near(got.dbias, want.dbias, 1e-4, "dbias");
   }
+}
+
+// A bias without a weight: its gradient is the autograd Function's second tensor input, not its
+// fourth argument.
+TEST(LayerNorm, ABiasWithoutAWeightGetsItsGradient) {
+  torch::manual_seed(6);
+  const torch::Tensor x = torch::randn({9, 20}), dy = torch::randn({9, 20}), bias = torch::randn({20});
+  const Result got = ours(x, {}, bias, dy), want = in_double(x, {}, bias, dy);
+  ASSERT_FALSE(got.dweight.defined());
+  expect_near(got.y, want.y, 1e-5, "y");
+  expect_near(got.dx, want.dx, 1e-5, "dx");
+  expect_near(got.dbias, want.dbias, 1e-5, "dbias");
 }
 
 TEST(LayerNorm, TheSameBitsWithOneAndTwoThreads) {
