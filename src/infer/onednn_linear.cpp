@@ -17,43 +17,67 @@ namespace {
 
 namespace jit = torch::jit;
 
-// x [..., K] times weight [K, N] (+ bias [N] when defined), x's leading dimensions kept, as
-// aten::matmul does with a matrix on the right.
-torch::Tensor rows_times(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+// x [..., K] times weight [K, N] (+ bias [N] when defined, then the epilogue), x's leading
+// dimensions kept, as aten::matmul does with a matrix on the right. fp32 products without an
+// epilogue run on oneDNN's sgemm (kernels::addmm), the others on its matmul primitive.
+torch::Tensor rows_times(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                         kernels::Epilogue epilogue = kernels::Epilogue::identity) {
   const torch::Tensor rows = x.reshape({-1, x.size(-1)});
-  const torch::Tensor y = bias.defined() ? kernels::addmm(bias, rows, weight) : kernels::mm(rows, weight);
+  const bool sgemm = x.scalar_type() == torch::kFloat && epilogue == kernels::Epilogue::identity;
+  const torch::Tensor y = !bias.defined() ? kernels::mm(rows, weight)
+                          : sgemm         ? kernels::addmm(bias, rows, weight)
+                                          : kernels::addmm_fused(bias, rows, weight, epilogue);
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = weight.size(1);
   return y.view(sizes);
 }
 
 TORCH_LIBRARY_FRAGMENT(afterburner, m) {  // the library is src/kernels/ops.cpp
-  m.def("linear(Tensor x, Tensor weight, Tensor bias) -> Tensor", rows_times);
+  m.def("linear(Tensor x, Tensor weight, Tensor bias) -> Tensor",
+        [](const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+          return rows_times(x, weight, bias);
+        });
+  m.def("linear_gelu(Tensor x, Tensor weight, Tensor bias) -> Tensor",
+        [](const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+          return rows_times(x, weight, bias, kernels::Epilogue::gelu);
+        });
   m.def("mm(Tensor x, Tensor weight) -> Tensor",
         [](const torch::Tensor& x, const torch::Tensor& weight) { return rows_times(x, weight, {}); });
 }
 
 using Values = std::unordered_map<std::string, jit::Value*>;
 
-c10::optional<torch::Tensor> constant_fp32(const jit::Match& match, const Values& values, const char* name,
-                                           int64_t dim) {
+// The match's constant tensor `name` of `dim` dimensions, fp32 or bf16, on the CPU.
+c10::optional<torch::Tensor> constant_tensor(const jit::Match& match, const Values& values, const char* name,
+                                             int64_t dim) {
   auto constant = jit::toIValue(match.values_map.at(values.at(name)));
   if (!constant || !constant->isTensor()) return c10::nullopt;
   torch::Tensor tensor = constant->toTensor();
-  if (tensor.dim() != dim || tensor.scalar_type() != torch::kFloat || !tensor.device().is_cpu()) return c10::nullopt;
+  const bool dtype = tensor.scalar_type() == torch::kFloat || tensor.scalar_type() == torch::kBFloat16;
+  if (tensor.dim() != dim || !dtype || !tensor.device().is_cpu()) return c10::nullopt;
   return tensor;
 }
 
+// A constant fp32 matrix: bf16 lone products stay LibTorch's (kernels::mm would hand them back).
 bool has_constant_weight(const jit::Match& match, const Values& values) {
-  return constant_fp32(match, values, "weight", 2).has_value();
+  const auto weight = constant_tensor(match, values, "weight", 2);
+  return weight && weight->scalar_type() == torch::kFloat;
 }
 
-// The weight as above, the bias a constant vector of the weight's width, alpha 1.
+// A constant weight matrix and a constant bias vector of its width and dtype, alpha 1.
 bool has_constant_weight_and_bias(const jit::Match& match, const Values& values) {
-  const auto weight = constant_fp32(match, values, "weight", 2);
-  const auto bias = constant_fp32(match, values, "bias", 1);
+  const auto weight = constant_tensor(match, values, "weight", 2);
+  const auto bias = constant_tensor(match, values, "bias", 1);
   const auto alpha = jit::toIValue(match.values_map.at(values.at("alpha")));
-  return weight && bias && bias->size(0) == weight->size(1) && alpha && alpha->isInt() && alpha->toInt() == 1;
+  return weight && bias && bias->size(0) == weight->size(1) && bias->scalar_type() == weight->scalar_type() &&
+         alpha && alpha->isInt() && alpha->toInt() == 1;
+}
+
+// As above, then gelu of the erf form (approximate "none"; the tanh form stays LibTorch's).
+bool has_constant_weight_and_bias_then_gelu(const jit::Match& match, const Values& values) {
+  const auto approximate = jit::toIValue(match.values_map.at(values.at("approximate")));
+  return has_constant_weight_and_bias(match, values) && approximate && approximate->isString() &&
+         approximate->toStringRef() == "none";
 }
 
 int count_matmuls(const std::shared_ptr<jit::Graph>& graph) {
@@ -67,6 +91,18 @@ int count_matmuls(const std::shared_ptr<jit::Graph>& graph) {
 
 int route_matmuls_to_onednn(std::shared_ptr<jit::Graph>& graph) {
   const int before = count_matmuls(graph);
+  jit::SubgraphRewriter then_gelu;
+  then_gelu.RegisterRewritePattern(R"(
+graph(%x, %weight, %bias, %alpha, %approximate):
+  %product = aten::matmul(%x, %weight)
+  %z = aten::add(%product, %bias, %alpha)
+  %y = aten::gelu(%z, %approximate)
+  return (%y))",
+                                   R"(
+graph(%x, %weight, %bias, %alpha, %approximate):
+  %y = afterburner::linear_gelu(%x, %weight, %bias)
+  return (%y))");
+  then_gelu.runOnGraph(graph, has_constant_weight_and_bias_then_gelu);
   jit::SubgraphRewriter with_bias;
   with_bias.RegisterRewritePattern(R"(
 graph(%x, %weight, %bias, %alpha):

@@ -220,7 +220,8 @@ void onto_ours(jit::Block* block, c10::Symbol kind, const char* ours, const Inpu
 // - gelu: where `approximate` is the constant "none" (kernels/gelu.h); the tanh form stays LibTorch's;
 // - layer_norm: every one, its cases handed back to LibTorch where the kernel does not take them
 //   (kernels/layer_norm.h); cudnn_enable, the last argument, means nothing on CPU.
-void ops_onto_ours(jit::Block* block) {
+void ops_onto_ours(std::shared_ptr<jit::Graph>& graph) {
+  jit::Block* block = graph->block();
   using Inputs = c10::optional<std::vector<jit::Value*>>;
   onto_ours(block, c10::aten::dropout, "afterburner::dropout", [](jit::Node* node) -> Inputs {
     return node->inputs().vec();
@@ -230,10 +231,7 @@ void ops_onto_ours(jit::Block* block) {
     if (!approximate || *approximate != "none") return c10::nullopt;
     return std::vector<jit::Value*>{node->input(0)};
   });
-  onto_ours(block, c10::aten::layer_norm, "afterburner::layer_norm", [](jit::Node* node) -> Inputs {
-    if (node->inputs().size() != 6) return c10::nullopt;
-    return node->inputs().slice(0, 5).vec();
-  });
+  layer_norms_onto_ours(graph);
 }
 
 // Inlines `graph` (submodules' forwards become part of it, so patterns span them) and rewrites
@@ -252,7 +250,7 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
   // `if stride is None:`): folding those on the now constant options exposes the ops themselves.
   jit::ConstantPropagation(graph, /*ignore_custom_classes=*/true);
   remove_dropout_of_zero(graph->block());
-  ops_onto_ours(graph->block());
+  ops_onto_ours(graph);
   // An attention's weights that its caller drops (`out, _ = self.attention(x, x, x)`) are computed
   // by nothing once the tuple between them is gone.
   jit::LowerSimpleTuples(graph);
@@ -283,6 +281,16 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
 }
 
 }  // namespace
+
+int layer_norms_onto_ours(std::shared_ptr<torch::jit::Graph>& graph) {
+  const int before = count(graph, c10::aten::layer_norm);
+  onto_ours(graph->block(), c10::aten::layer_norm, "afterburner::layer_norm",
+            [](jit::Node* node) -> c10::optional<std::vector<jit::Value*>> {
+              if (node->inputs().size() != 6) return c10::nullopt;
+              return node->inputs().slice(0, 5).vec();
+            });
+  return before - count(graph, c10::aten::layer_norm);
+}
 
 void inline_calls(torch::jit::Graph& graph) {
   // Callees' own graphs hold calls in turn: inline until none is left.

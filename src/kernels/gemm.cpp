@@ -1,6 +1,7 @@
 #include "afterburner/kernels/gemm.h"
 
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
 #include <initializer_list>
@@ -56,6 +57,44 @@ bool autograd_records(std::initializer_list<torch::Tensor> operands) {
   return std::any_of(operands.begin(), operands.end(), [](const torch::Tensor& t) { return t.requires_grad(); });
 }
 
+std::optional<dnnl::memory::data_type> onednn_type(at::ScalarType type) {
+  if (type == at::kFloat) return dnnl::memory::data_type::f32;
+  if (type == at::kBFloat16) return dnnl::memory::data_type::bf16;
+  return std::nullopt;
+}
+
+// A strided 2-D tensor as oneDNN describes it (any strides: transposes and row slices included).
+dnnl::memory::desc matrix_desc(const torch::Tensor& t, dnnl::memory::data_type type) {
+  return dnnl::memory::desc({t.size(0), t.size(1)}, type, {t.stride(0), t.stride(1)});
+}
+
+bool matmul_suits(const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b) {
+  const auto strided_cpu = [&](const torch::Tensor& t) {
+    const bool no_broadcast = std::all_of(t.strides().begin(), t.strides().end(), [](int64_t s) { return s > 0; });
+    return t.device().is_cpu() && t.layout() == torch::kStrided && !t.is_conj() && !t.is_neg() &&
+           t.scalar_type() == a.scalar_type() && no_broadcast;
+  };
+  return onednn_type(a.scalar_type()) && a.dim() == 2 && b.dim() == 2 && bias.dim() == 1 && strided_cpu(a) &&
+         strided_cpu(b) && strided_cpu(bias) && a.size(1) == b.size(0) && bias.size(0) == b.size(1) &&
+         a.numel() > 0 && b.numel() > 0;
+}
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// oneDNN keeps the primitives it made in its own cache (keyed by shapes, strides, types and
+// attributes): making one again for the same problem finds it there.
+dnnl::matmul matmul_primitive(const dnnl::memory::desc& a, const dnnl::memory::desc& b,
+                              const dnnl::memory::desc& bias, const dnnl::memory::desc& c, Epilogue epilogue) {
+  dnnl::post_ops post_ops;
+  if (epilogue == Epilogue::gelu) post_ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_erf, 0.0f, 0.0f);
+  dnnl::primitive_attr attributes;
+  attributes.set_post_ops(post_ops);
+  return dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, c), attributes, cpu_engine()));
+}
+
 }  // namespace
 
 torch::Tensor mm(const torch::Tensor& a, const torch::Tensor& b) {
@@ -76,6 +115,30 @@ torch::Tensor addmm(const torch::Tensor& bias, const torch::Tensor& a, const tor
   torch::Tensor c = at::empty({a.size(0), b.size(1)}, a.options());
   c.copy_(bias.expand({a.size(0), b.size(1)}));
   onednn_gemm(a, b, 1.0f, c);
+  return c;
+}
+
+torch::Tensor addmm_fused(const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b,
+                          Epilogue epilogue) {
+  if (!matmul_suits(bias, a, b) || autograd_records({bias, a, b})) {
+    const torch::Tensor product = at::addmm(bias, a, b);
+    return epilogue == Epilogue::gelu ? at::gelu(product) : product;
+  }
+  const dnnl::memory::data_type type = *onednn_type(a.scalar_type());
+  torch::Tensor c = at::empty({a.size(0), b.size(1)}, a.options());
+  const dnnl::memory::desc a_desc = matrix_desc(a, type), b_desc = matrix_desc(b, type), c_desc = matrix_desc(c, type);
+  const torch::Tensor bias_row = bias.contiguous().unsqueeze(0);  // oneDNN reads the bias densely, whatever its strides
+  const dnnl::memory::desc bias_desc = matrix_desc(bias_row, type);
+  const auto memory = [&](const dnnl::memory::desc& desc, const torch::Tensor& t) {
+    return dnnl::memory(desc, cpu_engine(), t.data_ptr());  // oneDNN reads inputs only: no write through it
+  };
+  dnnl::stream stream(cpu_engine());
+  matmul_primitive(a_desc, b_desc, bias_desc, c_desc, epilogue)
+      .execute(stream, {{DNNL_ARG_SRC, memory(a_desc, a)},
+                        {DNNL_ARG_WEIGHTS, memory(b_desc, b)},
+                        {DNNL_ARG_BIAS, memory(bias_desc, bias_row)},
+                        {DNNL_ARG_DST, memory(c_desc, c)}});
+  stream.wait();
   return c;
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <vector>
 
 #include "afterburner/core/error.h"
@@ -37,9 +38,9 @@ __attribute__((always_inline)) inline simd::Vec first_lanes(int64_t lanes) {
 // y = (x - mean) rstd weight + bias, per row of x [rows, d], with mean = sum(x) / d and
 // rstd = 1 / sqrt(sum((x - mean)^2) / d + eps) (two passes over the row), kept per row. The row's
 // whole 16-lane blocks, then a tail of d mod 16 values.
-template <typename T>
+template <typename T, typename Out>
 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void normalize_rows(
-    const T* x, const float* weight, const float* bias, int64_t rows, int64_t d, float eps, float* y, float* mean,
+    const T* x, const float* weight, const float* bias, int64_t rows, int64_t d, float eps, Out* y, float* mean,
     float* rstd) {
   const int64_t full = d / simd::kLanes * simd::kLanes, tail = d - full;
   const simd::Vec tail_mask = first_lanes(tail);
@@ -61,7 +62,7 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void normali
     const float s = 1.0f / std::sqrt(sum_of_lanes(squares) / d + eps);
     mean[r] = m;
     rstd[r] = s;
-    float* out = y + r * d;
+    Out* out = y + r * d;
     for (int64_t c = 0; c < full; c += simd::kLanes) {
       simd::store(out + c, (simd::load(row + c) - m) * s * simd::load(weight + c) + simd::load(bias + c));
     }
@@ -130,14 +131,22 @@ void with_element_type(const torch::Tensor& x, const Body& body) {
   }
 }
 
-// The weight, or ones where there is none; the bias, or zeros: the kernels take both.
+// The weight (in fp32), or ones where there is none; the bias, or zeros: the kernels take both.
 torch::Tensor weight_or_ones(const torch::Tensor& weight, int64_t d) {
-  return weight.defined() ? weight.contiguous() : at::ones({d}, at::kFloat);
+  return weight.defined() ? weight.to(at::kFloat).contiguous() : at::ones({d}, at::kFloat);
 }
 
 torch::Tensor bias_or_zeros(const c10::optional<torch::Tensor>& bias, int64_t d) {
-  return bias ? bias->contiguous() : at::zeros({d}, at::kFloat);
+  return bias ? bias->to(at::kFloat).contiguous() : at::zeros({d}, at::kFloat);
 }
+
+bool autocast_in_bf16() {
+  return at::autocast::is_cpu_enabled() && at::autocast::get_autocast_cpu_dtype() == at::kBFloat16;
+}
+
+// Autocast's policy: fp32 (LibTorch would copy a bf16 input to fp32 first); outside autocast the
+// input's dtype, as aten::layer_norm's.
+at::ScalarType result_type(const torch::Tensor& x) { return autocast_in_bf16() ? at::kFloat : x.scalar_type(); }
 
 // `body(first_row, rows, block)` for each block of kNormRowsPerBlock rows of `total`, in parallel.
 template <typename Body>
@@ -151,26 +160,37 @@ void for_row_blocks(int64_t total, const Body& body) {
   });
 }
 
+// y (of result_type) and each row's mean and rstd for x (contiguous) over its last d values.
+void normalize(const torch::Tensor& x, int64_t d, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias,
+               double eps, torch::Tensor& y, torch::Tensor& mean, torch::Tensor& rstd) {
+  const int64_t rows = x.numel() / d;
+  y = at::empty(x.sizes(), x.options().dtype(result_type(x)));
+  mean = at::empty({rows}, x.options().dtype(at::kFloat));
+  rstd = at::empty({rows}, mean.options());
+  const torch::Tensor scale = weight_or_ones(weight, d), shift = bias_or_zeros(bias, d);
+  with_element_type(x, [&](auto in_tag) {
+    with_element_type(y, [&](auto out_tag) {
+      using T = decltype(in_tag);
+      using Out = decltype(out_tag);
+      for_row_blocks(rows, [&](int64_t first, int64_t count, int64_t) {
+        normalize_rows(x.data_ptr<T>() + first * d, scale.data_ptr<float>(), shift.data_ptr<float>(), count, d,
+                       static_cast<float>(eps), y.data_ptr<Out>() + first * d, mean.data_ptr<float>() + first,
+                       rstd.data_ptr<float>() + first);
+      });
+    });
+  });
+}
+
 struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
                                std::vector<int64_t> normalized_shape, const c10::optional<torch::Tensor>& weight,
                                const c10::optional<torch::Tensor>& bias, double eps) {
     const torch::Tensor x = x_in.contiguous();
-    const int64_t d = c10::multiply_integers(normalized_shape), rows = x.numel() / d;
-    torch::Tensor y = at::empty(x.sizes(), x.options().dtype(at::kFloat));
-    torch::Tensor mean = at::empty({rows}, y.options()), rstd = at::empty({rows}, y.options());
-    const torch::Tensor scale = weight_or_ones(weight.value_or(torch::Tensor()), d), shift = bias_or_zeros(bias, d);
-    with_element_type(x, [&](auto tag) {
-      using T = decltype(tag);
-      const T* from = x.data_ptr<T>();
-      for_row_blocks(rows, [&](int64_t first, int64_t count, int64_t) {
-        normalize_rows(from + first * d, scale.data_ptr<float>(), shift.data_ptr<float>(), count, d,
-                       static_cast<float>(eps), y.data_ptr<float>() + first * d, mean.data_ptr<float>() + first,
-                       rstd.data_ptr<float>() + first);
-      });
-    });
+    torch::Tensor y, mean, rstd;
+    normalize(x, c10::multiply_integers(normalized_shape), weight.value_or(torch::Tensor()), bias, eps, y, mean, rstd);
     ctx->save_for_backward({x, weight.value_or(torch::Tensor()), mean, rstd});
     ctx->saved_data["has_bias"] = bias.has_value();
+    if (bias) ctx->saved_data["bias_type"] = bias->scalar_type();
     ctx->saved_data["normalized_shape"] = normalized_shape;
     return y;
   }
@@ -212,8 +232,9 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
         for (int64_t i = 0; i < 2 * d; ++i) total[i] += part[b * 2 * d + i];
       }
       const std::vector<int64_t> shape = ctx->saved_data["normalized_shape"].toIntVector();
-      if (weight_grad) dweight = totals[0].view(shape);
-      if (bias_grad) dbias = totals[1].view(shape);
+      // In the parameters' own dtype (bf16 ones get their fp32 sums rounded once).
+      if (weight_grad) dweight = totals[0].view(shape).to(weight.scalar_type());
+      if (bias_grad) dbias = totals[1].view(shape).to(ctx->saved_data["bias_type"].toScalarType());
     }
     return {dx, {}, dweight, dbias, {}};
   }
@@ -221,15 +242,20 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
 
 bool taken_here(const torch::Tensor& x, at::IntArrayRef normalized_shape, const torch::Tensor& weight,
                 const torch::Tensor& bias) {
-  const bool autocast_bf16 =
-      at::autocast::is_cpu_enabled() && at::autocast::get_autocast_cpu_dtype() == at::kBFloat16;
-  const bool dtype = x.scalar_type() == at::kFloat || (x.scalar_type() == at::kBFloat16 && autocast_bf16);
+  const auto fp32_or_bf16 = [](const torch::Tensor& t) {
+    return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
+  };
   const auto affine = [&](const torch::Tensor& t) {
-    return !t.defined() || (t.scalar_type() == at::kFloat && t.sizes() == normalized_shape && t.device().is_cpu());
+    return !t.defined() || (fp32_or_bf16(t) && t.sizes() == normalized_shape && t.device().is_cpu());
   };
   const int64_t dims = static_cast<int64_t>(normalized_shape.size());
-  return dtype && x.device().is_cpu() && x.layout() == at::kStrided && x.numel() > 0 && dims >= 1 &&
+  return fp32_or_bf16(x) && x.device().is_cpu() && x.layout() == at::kStrided && x.numel() > 0 && dims >= 1 &&
          x.dim() >= dims && x.sizes().slice(x.dim() - dims) == normalized_shape && affine(weight) && affine(bias);
+}
+
+bool records_for_autograd(std::initializer_list<torch::Tensor> tensors) {
+  return at::GradMode::is_enabled() &&
+         std::any_of(tensors.begin(), tensors.end(), [](const torch::Tensor& t) { return t.defined() && t.requires_grad(); });
 }
 
 }  // namespace
@@ -238,6 +264,11 @@ torch::Tensor layer_norm(const torch::Tensor& x, at::IntArrayRef normalized_shap
                          const torch::Tensor& bias, double eps) {
   if (!taken_here(x, normalized_shape, weight, bias)) return at::layer_norm(x, normalized_shape, weight, bias, eps);
   const auto optional = [](const torch::Tensor& t) { return t.defined() ? c10::make_optional(t) : c10::nullopt; };
+  if (!records_for_autograd({x, weight, bias})) {  // inference: no statistics kept, no autograd node
+    torch::Tensor y, mean, rstd;
+    normalize(x.contiguous(), c10::multiply_integers(normalized_shape), weight, optional(bias), eps, y, mean, rstd);
+    return y;
+  }
   return LayerNormFunction::apply(x, normalized_shape.vec(), optional(weight), optional(bias), eps);
 }
 

@@ -17,18 +17,26 @@ namespace afterburner::infer {
 namespace {
 namespace jit = torch::jit;
 
-// A frozen module computing `body` from x, a weight w [16, 8] and a bias b [8] of `dtype`.
-jit::Module frozen(const std::string& body, torch::Dtype dtype = torch::kFloat) {
+// A frozen module whose forward runs `statements` on x, a weight w [16, 8] and a bias b [8] of
+// `dtype`.
+jit::Module frozen_forward(const std::string& statements, torch::Dtype dtype = torch::kFloat) {
   jit::Module module("__torch__.Products");
   module.register_parameter("w", torch::randn({16, 8}, dtype), false);
   module.register_parameter("b", torch::randn({8}, dtype), false);
-  module.define("def forward(self, x):\n    return " + body + "\n");
+  module.define("def forward(self, x):\n" + statements);
   module.eval();
   return jit::freeze(module);
 }
 
-// Rewrites the module's graph and checks its outputs against the module before the rewrite.
+// The same, returning the expression `body`.
+jit::Module frozen(const std::string& body, torch::Dtype dtype = torch::kFloat) {
+  return frozen_forward("    return " + body + "\n", dtype);
+}
+
+// Rewrites the module's graph and checks its outputs against the module before the rewrite
+// (bf16: within a few of its roundings).
 int route_and_compare(jit::Module& module, torch::Dtype dtype = torch::kFloat) {
+  const double tolerance = dtype == torch::kBFloat16 ? 3e-2 : 1e-5;
   const std::vector<std::vector<int64_t>> shapes{{5, 16}, {2, 3, 16}, {16}};
   std::vector<torch::Tensor> inputs, expected;
   torch::NoGradGuard no_grad;
@@ -41,17 +49,43 @@ int route_and_compare(jit::Module& module, torch::Dtype dtype = torch::kFloat) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     const torch::Tensor actual = module.forward({inputs[i]}).toTensor();
     EXPECT_EQ(actual.sizes(), expected[i].sizes());
-    EXPECT_TRUE(torch::allclose(actual, expected[i], 1e-5, 1e-5)) << "input " << inputs[i].sizes();
+    EXPECT_EQ(actual.scalar_type(), expected[i].scalar_type());
+    EXPECT_TRUE(torch::allclose(actual, expected[i], tolerance, tolerance)) << "input " << inputs[i].sizes();
   }
   return routed;
 }
 
-TEST(OnednnLinear, ALinearLayerBecomesOneCall) {
-  torch::manual_seed(1);
-  jit::Module module = frozen("torch.matmul(x, self.w) + self.b");
-  EXPECT_EQ(route_and_compare(module), 1);
-  EXPECT_TRUE(testing::graph_has(module, "afterburner::linear"));
-  EXPECT_FALSE(testing::graph_has(module, "aten::add"));
+// A Linear layer, and a transformer MLP's Linear + GELU (one oneDNN product with the bias and
+// gelu applied as it writes its output), in fp32 and bf16.
+TEST(OnednnLinear, ALinearLayerWithOrWithoutGeluBecomesOneCall) {
+  for (const torch::Dtype dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const bool gelu : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << dtype << (gelu ? ", gelu" : ""));
+      torch::manual_seed(1);
+      const std::string linear = "torch.matmul(x, self.w) + self.b";
+      jit::Module module = frozen(gelu ? "torch.gelu(" + linear + ")" : linear, dtype);
+      EXPECT_EQ(route_and_compare(module, dtype), 1);
+      EXPECT_TRUE(testing::graph_has(module, gelu ? "afterburner::linear_gelu" : "afterburner::linear"));
+      EXPECT_FALSE(testing::graph_has(module, "aten::gelu"));
+      EXPECT_FALSE(testing::graph_has(module, "aten::add"));
+    }
+  }
+}
+
+// GELU's tanh form, and a pre-activation something else reads too, keep their own gelu.
+TEST(OnednnLinear, GeluStaysWhereItCannotJoinTheProduct) {
+  torch::manual_seed(7);
+  jit::Module tanh_form = frozen("torch.gelu(torch.matmul(x, self.w) + self.b, approximate='tanh')");
+  EXPECT_EQ(route_and_compare(tanh_form), 1);
+  EXPECT_TRUE(testing::graph_has(tanh_form, "afterburner::linear"));
+  EXPECT_TRUE(testing::graph_has(tanh_form, "aten::gelu"));
+  jit::Module shared = frozen_forward(
+      "    z = torch.matmul(x, self.w) + self.b\n"
+      "    return torch.gelu(z) + z\n");
+  EXPECT_EQ(route_and_compare(shared), 1);
+  EXPECT_TRUE(testing::graph_has(shared, "afterburner::linear"));
+  EXPECT_FALSE(testing::graph_has(shared, "afterburner::linear_gelu"));
+  EXPECT_TRUE(testing::graph_has(shared, "aten::gelu"));
 }
 
 TEST(OnednnLinear, AProductWithoutItsBiasKeepsTheRest) {
@@ -69,6 +103,8 @@ TEST(OnednnLinear, OtherProductsStayAsTheyAre) {
   torch::manual_seed(3);
   jit::Module variable = frozen("torch.matmul(x, self.w + x.sum()) + self.b");  // a computed weight
   EXPECT_EQ(route_and_compare(variable), 0);
+  jit::Module lone_bf16 = frozen("torch.matmul(x, self.w)", torch::kBFloat16);  // LibTorch's is oneDNN's already
+  EXPECT_EQ(route_and_compare(lone_bf16, torch::kBFloat16), 0);
   jit::Module doubles = frozen("torch.matmul(x, self.w) + self.b", torch::kDouble);
   EXPECT_EQ(route_and_compare(doubles, torch::kDouble), 0);
   EXPECT_FALSE(testing::graph_has(doubles, "afterburner::linear"));

@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
+#include <vector>
+
 #include "autograd_check.h"
 
 namespace {
@@ -100,3 +104,103 @@ TEST(Gemm, AddmmWithOneRowLeavesTheBiasUnchangedAndRepeats) {
   EXPECT_TRUE(torch::equal(first, second));
   EXPECT_TRUE(AllClose(first, reference_mm(a, b) + bias_before.to(torch::kDouble), kFp32Tolerance, kFp32Tolerance));
 }
+
+namespace {
+
+// gelu(z) = z Phi(z) = z (1 + erf(z / sqrt 2)) / 2, the erf form, in double.
+torch::Tensor reference_gelu(const torch::Tensor& z) { return 0.5 * z * (1 + torch::erf(z / std::sqrt(2.0))); }
+
+torch::Tensor reference_addmm(const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b) {
+  return reference_mm(a, b) + bias.to(torch::kDouble);
+}
+
+// A transformer MLP's first layer (K 96 -> N 384) over 3,136 tokens of 1-3 rows, and odd sizes.
+const std::vector<std::vector<int64_t>> kFusedShapes{{1, 96, 384}, {3, 96, 384}, {3136, 96, 384}, {37, 17, 53}};
+
+TEST(AddmmFused, Fp32MatchesDoublePrecisionWithAndWithoutGelu) {
+  torch::manual_seed(8);
+  for (const auto& shape : kFusedShapes) {
+    const auto a = torch::randn({shape[0], shape[1]}), weight = torch::randn({shape[2], shape[1]}) / 10;
+    const auto bias = torch::randn({shape[2]});
+    const auto b = weight.t();  // as inference graphs hold it: W^T, a transposed view or a copy
+    const auto z = reference_addmm(bias, a, b);
+    EXPECT_TRUE(AllClose(kernels::addmm_fused(bias, a, b, kernels::Epilogue::identity), z, 1e-4, 1e-4));
+    EXPECT_TRUE(AllClose(kernels::addmm_fused(bias, a, b.contiguous(), kernels::Epilogue::gelu), reference_gelu(z),
+                         1e-4, 1e-4));
+  }
+}
+
+// bf16 operands, fp32 accumulation, the result rounded to bf16 once: within half a bf16 unit of
+// the exact answer (at most 2^-8 of it) and the fp32 sum's own error.
+TEST(AddmmFused, Bf16IsTheExactAnswerRoundedOnce) {
+  torch::manual_seed(9);
+  for (const auto& shape : kFusedShapes) {
+    const auto a = torch::randn({shape[0], shape[1]}).to(torch::kBFloat16);
+    const auto b = (torch::randn({shape[1], shape[2]}) / 10).to(torch::kBFloat16);
+    const auto bias = torch::randn({shape[2]}).to(torch::kBFloat16);
+    for (const auto epilogue : {kernels::Epilogue::identity, kernels::Epilogue::gelu}) {
+      const auto y = kernels::addmm_fused(bias, a, b, epilogue);
+      ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
+      const auto z = reference_addmm(bias, a, b);
+      const auto exact = epilogue == kernels::Epilogue::gelu ? reference_gelu(z) : z;
+      const auto error = (y.to(torch::kDouble) - exact).abs();
+      EXPECT_TRUE((error <= exact.abs() * std::ldexp(1.0, -8) + 1e-4).all().item<bool>())
+          << "largest error " << error.max().item<double>();
+    }
+  }
+}
+
+// NaN and infinities come out where LibTorch's addmm then gelu puts them (its gelu is oneDNN's
+// eltwise, the post-op's own code); inputs unchanged; a second call gives the same bits.
+TEST(AddmmFused, PropagatesNonFiniteValuesAsLibTorchAndLeavesInputsAlone) {
+  torch::manual_seed(10);
+  auto a = torch::randn({6, 16});
+  a[0][3] = std::numeric_limits<float>::quiet_NaN();
+  a[1][0] = std::numeric_limits<float>::infinity();
+  a[2][5] = -std::numeric_limits<float>::infinity();
+  const auto b = torch::rand({16, 9}) + 0.1;  // positive: an infinite input makes an infinite sum
+  auto bias = torch::randn({9});
+  bias[4] = std::numeric_limits<float>::quiet_NaN();
+  const auto a_before = a.clone(), b_before = b.clone(), bias_before = bias.clone();
+  for (const auto epilogue : {kernels::Epilogue::identity, kernels::Epilogue::gelu}) {
+    const auto product = at::addmm(bias, a, b);
+    const auto expected = epilogue == kernels::Epilogue::gelu ? at::gelu(product) : product;
+    const auto first = kernels::addmm_fused(bias, a, b, epilogue), second = kernels::addmm_fused(bias, a, b, epilogue);
+    EXPECT_TRUE(torch::equal(first.isnan(), expected.isnan()));
+    EXPECT_TRUE(torch::equal(first.isposinf(), expected.isposinf()));
+    EXPECT_TRUE(torch::equal(first.isneginf(), expected.isneginf()));
+    const auto finite = expected.isfinite();
+    EXPECT_TRUE(AllClose(first.masked_select(finite), expected.masked_select(finite), 1e-4, 1e-4));
+    EXPECT_TRUE(torch::equal(first.nan_to_num(0), second.nan_to_num(0)));
+  }
+  EXPECT_TRUE(torch::equal(a.nan_to_num(0), a_before.nan_to_num(0)));
+  EXPECT_TRUE(torch::equal(b, b_before));
+  EXPECT_TRUE(torch::equal(bias.nan_to_num(0), bias_before.nan_to_num(0)));
+}
+
+// Cases oneDNN's primitive does not take are LibTorch's ops in sequence: the same bits, the same
+// gradients, the same errors.
+TEST(AddmmFused, OtherCasesAreLibTorchsOps) {
+  torch::manual_seed(11);
+  const auto a = torch::randn({5, 8}, torch::requires_grad()), b = torch::randn({8, 3}, torch::requires_grad());
+  const auto bias = torch::randn({3}, torch::requires_grad());
+  const auto ours = kernels::addmm_fused(bias, a, b, kernels::Epilogue::gelu);
+  const auto theirs = at::gelu(at::addmm(bias, a, b));
+  EXPECT_TRUE(torch::equal(ours, theirs));
+  const auto ours_grads = torch::autograd::grad({ours.sum()}, {a, b, bias});
+  const auto their_grads = torch::autograd::grad({theirs.sum()}, {a, b, bias});
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(ours_grads[i], their_grads[i]));
+  const auto ad = a.detach().to(torch::kDouble), bd = b.detach().to(torch::kDouble);
+  const auto biasd = bias.detach().to(torch::kDouble);
+  EXPECT_TRUE(torch::equal(kernels::addmm_fused(biasd, ad, bd, kernels::Epilogue::gelu), at::gelu(at::addmm(biasd, ad, bd))));
+  const auto broadcast_bias = torch::randn({1}).expand({3});
+  EXPECT_TRUE(torch::equal(kernels::addmm_fused(broadcast_bias, a.detach(), b.detach(), kernels::Epilogue::identity),
+                           at::addmm(broadcast_bias, a.detach(), b.detach())));
+  EXPECT_THROW(kernels::addmm_fused(bias.detach(), a.detach().to(torch::kBFloat16), b.detach().to(torch::kBFloat16),
+                                    kernels::Epilogue::gelu),
+               c10::Error);  // an fp32 bias with bf16 operands: LibTorch's error
+  EXPECT_THROW(kernels::addmm_fused(bias.detach(), a.detach(), torch::randn({7, 3}), kernels::Epilogue::identity),
+               c10::Error);
+}
+
+}  // namespace

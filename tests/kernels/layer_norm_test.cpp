@@ -1,8 +1,10 @@
 // kernels::layer_norm against LayerNorm in double (an independent reference), forward and the
-// gradients of the input, weight and bias: fp32 inputs, and bf16 inputs under autocast (the fp32
-// result of the input widened, the input's gradient rounded to bf16 once), over row lengths
+// gradients of the input, weight and bias: fp32 inputs, bf16 inputs under autocast (the fp32
+// result of the input widened, the input's gradient rounded to bf16 once) and outside it (a bf16
+// result rounded once), over row lengths
 // across the 16-lane blocks and row counts across the 64-row blocks, with and without weight and
-// bias, and a bias alone; the same bits with 1 and 2 threads; the cases handed to at::layer_norm;
+// bias, and a bias alone; the same bits with 1 and 2 threads and with autograd or without; the
+// cases handed to at::layer_norm;
 // NaN rows; the refusal of create_graph. The contract (inputs unchanged, fresh outputs) is
 // invariants_test's.
 #include "afterburner/kernels/layer_norm.h"
@@ -153,14 +155,54 @@ TEST(LayerNorm, OtherLayoutsAndLeadingDimensions) {
   expect_near(got.dweight, want.dweight, 1e-4, "dweight");
 }
 
+// Outside autocast a bf16 input gives a bf16 result, rounded once from fp32 (LibTorch 1.13's bf16
+// kernel rounds along the way: further from the exact answer), with bf16 or fp32 weight and bias;
+// the gradients in the dtypes of what they are for.
+TEST(LayerNorm, Bf16OutsideAutocastIsTheExactAnswerRoundedOnce) {
+  for (const torch::Dtype affine_type : {torch::kBFloat16, torch::kFloat}) {
+    SCOPED_TRACE(::testing::Message() << "weight and bias " << affine_type);
+    torch::manual_seed(7);
+    const torch::Tensor x = (torch::randn({150, 96}) * 3 + 1).to(torch::kBFloat16), dy = torch::randn({150, 96});
+    const torch::Tensor weight = torch::randn({96}).to(affine_type), bias = torch::randn({96}).to(affine_type);
+    const Result got = ours(x, weight, bias, dy.to(torch::kBFloat16)), want = in_double(x, weight, bias, dy.to(torch::kBFloat16));
+    ASSERT_EQ(got.y.scalar_type(), torch::kBFloat16);
+    ASSERT_EQ(got.dx.scalar_type(), torch::kBFloat16);
+    ASSERT_EQ(got.dweight.scalar_type(), affine_type);
+    ASSERT_EQ(got.dbias.scalar_type(), affine_type);
+    expect_near(got.y, want.y, 1.0 / 256, "y, rounded to bf16 once");
+    expect_near(got.dx, want.dx, 1.0 / 256 + 1e-5, "dx, rounded to bf16 once");
+    const double rounding = affine_type == torch::kBFloat16 ? 1.0 / 256 : 1e-4;
+    expect_near(got.dweight, want.dweight, rounding, "dweight");
+    expect_near(got.dbias, want.dbias, rounding, "dbias");
+    if (affine_type == torch::kBFloat16) {
+      const torch::Tensor libtorch = at::layer_norm(x, {96}, weight, bias, 1e-5);
+      const auto error = [&](const torch::Tensor& y) { return (y.to(torch::kDouble) - want.y).abs().max().item<double>(); };
+      EXPECT_LE(error(got.y), error(libtorch));
+    }
+  }
+}
+
+// Where nothing needs a gradient (inference) the statistics are not kept: the same bits.
+TEST(LayerNorm, WithoutAutogradTheSameBitsAsWithIt) {
+  torch::manual_seed(8);
+  for (const torch::Dtype dtype : {torch::kFloat, torch::kBFloat16}) {
+    const torch::Tensor x = torch::randn({70, 40}).to(dtype), weight = torch::randn({40}), bias = torch::randn({40});
+    const torch::Tensor recorded = kernels::layer_norm(x.detach().requires_grad_(), {40}, weight, bias, 1e-5);
+    ASSERT_TRUE(recorded.requires_grad());
+    torch::Tensor inferred;
+    {
+      c10::InferenceMode inference;
+      inferred = kernels::layer_norm(x, {40}, weight, bias, 1e-5);
+    }
+    EXPECT_TRUE(BitwiseEqual(inferred, recorded.detach()));
+  }
+}
+
 TEST(LayerNorm, CasesItDoesNotTakeAreLibTorchsBitForBit) {
   torch::manual_seed(5);
-  const torch::Tensor x = torch::randn({9, 20});
-  const torch::Tensor weight = torch::randn({20}), bias = torch::randn({20});
-  for (const torch::Dtype dtype : {torch::kBFloat16, torch::kDouble}) {  // bf16 outside autocast; double
-    const torch::Tensor v = x.to(dtype), w = weight.to(dtype), b = bias.to(dtype);
-    EXPECT_TRUE(BitwiseEqual(kernels::layer_norm(v, {20}, w, b, 1e-5), at::layer_norm(v, {20}, w, b, 1e-5)));
-  }
+  const torch::Tensor x = torch::randn({9, 20}, torch::kDouble);
+  const torch::Tensor weight = torch::randn({20}, torch::kDouble), bias = torch::randn({20}, torch::kDouble);
+  EXPECT_TRUE(BitwiseEqual(kernels::layer_norm(x, {20}, weight, bias, 1e-5), at::layer_norm(x, {20}, weight, bias, 1e-5)));
   // Normalized over the last two dimensions.
   const torch::Tensor matrix_weight = torch::randn({3, 20});
   const torch::Tensor rows = torch::randn({4, 3, 20});

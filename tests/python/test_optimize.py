@@ -129,7 +129,7 @@ def test_inference_answers_as_the_module_frozen_and_with_gradients(name):
             expect_within_pytorch(g, w, w, f"batch {batch}: the gradient of {parameter}")
 
 
-@pytest.mark.parametrize("name", ["resnet18", "vision_transformer", "residual_attention", "bn_dropout"])
+@pytest.mark.parametrize("name", ["resnet18", "vision_transformer", "convnext", "rows_gelu", "residual_attention", "bn_dropout"])
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_bf16_answers_within_what_python_bf16_moves(name, mode):
     module = without_random_draws(getattr(build(name), mode)())

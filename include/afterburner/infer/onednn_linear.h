@@ -1,9 +1,10 @@
-// Routes a frozen graph's fp32 matrix products with constant weights to oneDNN's GEMM. After
-// optimize_for_inference a Linear layer is aten::matmul(x, W^T) (+ aten::add of its bias); its
-// GEMM then runs on OpenBLAS, whose own thread pool competes with the OpenMP pool the rest of
-// the graph runs on: on 2 cores the fp32 mlp's throughput swung 4x between runs (BENCHMARKS.md).
-// The rewritten graph calls afterburner::linear (kernels::addmm) and afterburner::mm
-// (kernels::mm), operators registered with TorchScript by this library: it runs in this process
+// Routes a frozen graph's matrix products with constant weights to oneDNN. After
+// optimize_for_inference a Linear layer is aten::matmul(x, W^T) (+ aten::add of its bias); an
+// fp32 GEMM then runs on OpenBLAS, whose own thread pool competes with the OpenMP pool the rest
+// of the graph runs on: on 2 cores the fp32 mlp's throughput swung 4x between runs (BENCHMARKS.md);
+// a bf16 one makes three passes over its output where a Linear + GELU (every transformer's MLP)
+// needs one. The rewritten graph calls afterburner::linear, afterburner::linear_gelu
+// (kernels::addmm, kernels::addmm_fused) and afterburner::mm (kernels::mm), operators registered with TorchScript by this library: it runs in this process
 // and is not meant to be saved.
 //
 //   auto module = torch::jit::optimize_for_inference(frozen);
@@ -17,8 +18,10 @@
 
 namespace afterburner::infer {
 
-// Rewrites matmul(x, W) + add(., b, 1) and lone matmul(x, W) where W is a constant fp32 matrix
-// and b a constant fp32 vector of W's width. Returns how many products were rewritten.
+// Rewrites matmul(x, W) + add(., b, 1), followed or not by gelu (erf form), where W is a constant
+// fp32 or bf16 matrix and b a constant vector of W's width and dtype (with gelu: one oneDNN matmul
+// with the bias and gelu applied as its output is written, kernels::addmm_fused), and lone
+// matmul(x, W) of a constant fp32 W. Returns how many products were rewritten.
 int route_matmuls_to_onednn(std::shared_ptr<torch::jit::Graph>& graph);
 
 }  // namespace afterburner::infer

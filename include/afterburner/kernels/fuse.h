@@ -65,6 +65,11 @@ ScriptFuseResult fuse_forward(const torch::jit::Module& module);
 // stands (no inlining), rewritten onto afterburner::relu_max_pool2d; returns how many were.
 int fuse_relu_max_pool2d(std::shared_ptr<torch::jit::Graph>& graph);
 
+// Every aten::layer_norm of `graph` (inner blocks included) onto afterburner::layer_norm
+// (kernels/layer_norm.h), which hands the cases it does not take back to LibTorch; returns how
+// many. fuse_forward does it for training; optimize's runtime for inference.
+int layer_norms_onto_ours(std::shared_ptr<torch::jit::Graph>& graph);
+
 // A copy of `module` (types of its own, the same parameter and buffer tensors) whose forward is
 // fused as fuse_forward's: calling, training or saving it runs the fused ops. Python's
 // afterburner.jit.fuse returns it (the op afterburner::fuse_script).

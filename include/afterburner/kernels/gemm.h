@@ -10,6 +10,7 @@
 //   namespace kernels = afterburner::kernels;
 //   torch::Tensor y = kernels::addmm(bias, x, weight.t());   // == at::addmm(bias, x, weight.t())
 //   torch::Tensor grad_weight = kernels::mm(g.t(), x);        // == at::mm(g.t(), x)
+//   torch::Tensor h = kernels::addmm_fused(b1, x, w1t, kernels::Epilogue::gelu);  // gelu(addmm(...))
 #pragma once
 
 #include <torch/types.h>
@@ -21,5 +22,16 @@ torch::Tensor mm(const torch::Tensor& a, const torch::Tensor& b);
 
 // bias [N] added to every row of a [M, K] times b [K, N].
 torch::Tensor addmm(const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b);
+
+// What follows the product in addmm_fused's single pass over its output.
+enum class Epilogue { identity, gelu };
+
+// epilogue(bias [N] added to every row of a [M, K] times b [K, N]), gelu of the erf form, for
+// inference: one oneDNN matmul primitive with the bias and the activation applied to the fp32
+// accumulator as it is written out, where LibTorch makes three passes over the output (a GEMM, an
+// add of the bias, a gelu). a, b and bias all fp32 or all bf16 (the result rounded to bf16 once);
+// other dtypes and the autograd case of mm run LibTorch's ops in sequence.
+torch::Tensor addmm_fused(const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b,
+                          Epilogue epilogue);
 
 }  // namespace afterburner::kernels

@@ -6,10 +6,12 @@
 //   torch::Tensor y = afterburner::kernels::layer_norm(x, {x.size(-1)}, weight, bias, 1e-5);
 //
 // y = (x - mean) / sqrt(var + eps) * weight + bias over the last dimensions (`normalized_shape`),
-// var the biased variance, in fp32. Taken here: fp32 inputs, and bf16 inputs under autocast, with
-// fp32 (or no) weight and bias; every other case is at::layer_norm. The weight's and bias's
-// gradients are summed over fixed blocks of rows in a fixed order: the same bits whatever the
-// thread count. Second-order gradients (create_graph) are refused.
+// var the biased variance, in fp32. Taken here: fp32 and bf16 inputs with fp32, bf16 (or no)
+// weight and bias. The result is fp32 under autocast (its policy for LayerNorm) and otherwise of
+// the input's dtype, rounded once from fp32 (where LibTorch 1.13's bf16 kernel rounds as it goes);
+// other dtypes are at::layer_norm's. Without autograd (inference) nothing is kept for a backward.
+// The weight's and bias's gradients are summed over fixed blocks of rows in a fixed order: the
+// same bits whatever the thread count. Second-order gradients (create_graph) are refused.
 #pragma once
 
 #include <torch/types.h>
