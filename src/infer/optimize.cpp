@@ -273,7 +273,7 @@ Module prepare_for_inference(const Module& optimized) {
   Module prepared = torch::jit::optimize_for_inference(frozen);
   auto graph = prepared.get_method("forward").graph();
   route_matmuls_to_onednn(graph);
-  kernels::layer_norms_onto_ours(graph);  // LibTorch 1.13's bf16 LayerNorm ran 4x slower than eager autocast's fp32 one
+  kernels::layer_norms_onto_ours(graph);  // LibTorch 1.13 rounds bf16 LayerNorm as it goes, and slowly
   multiply_broadcasts_on_onednn(graph);
   propagate_non_finite_as_aten(graph);
   read_sizes_on_onednn(graph);  // first: a size read keeps alive a dense copy the moves would drop

@@ -4,8 +4,8 @@
 // of the graph runs on: on 2 cores the fp32 mlp's throughput swung 4x between runs (BENCHMARKS.md);
 // a bf16 one makes three passes over its output where a Linear + GELU (every transformer's MLP)
 // needs one. The rewritten graph calls afterburner::linear, afterburner::linear_gelu
-// (kernels::addmm, kernels::addmm_fused) and afterburner::mm (kernels::mm), operators registered with TorchScript by this library: it runs in this process
-// and is not meant to be saved.
+// (kernels::addmm, kernels::addmm_fused) and afterburner::mm (kernels::mm), operators registered
+// with TorchScript by this library: it runs in this process and is not meant to be saved.
 //
 //   auto module = torch::jit::optimize_for_inference(frozen);
 //   auto graph = module.get_method("forward").graph();
