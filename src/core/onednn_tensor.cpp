@@ -1,8 +1,9 @@
 #include "afterburner/core/onednn_tensor.h"
 
+#include "afterburner/core/ideep_tensor.h"
+
 #include <ATen/core/TensorBody.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#include <ideep.hpp>
 #include <torch/torch.h>
 
 #include <cstring>
@@ -48,13 +49,19 @@ std::optional<Tag> image_format(const dnnl_memory_desc_t& desc) {
   return block == 8 ? Tag::nChw8c : Tag::nChw16c;
 }
 
+}  // namespace
+
 // ideep checks that the caller runs below autograd; reading a buffer does not dispatch.
-ideep::tensor& ideep_tensor(const at::Tensor& tensor) {
+ideep::tensor& ideep_tensor(const at::Tensor& mkldnn_tensor) {
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return at::native::itensor_from_mkldnn(tensor);
+  return at::native::itensor_from_mkldnn(mkldnn_tensor);
 }
 
-}  // namespace
+at::Tensor onednn_tensor(ideep::tensor&& buffer) {
+  const auto dtype = scalar_type_of(buffer.get_data_type());
+  TORCH_CHECK(dtype.has_value(), "onednn_tensor: an fp32 or bf16 buffer was expected");
+  return at::native::new_with_itensor_mkldnn(std::move(buffer), *dtype, at::Device(at::kCPU));
+}
 
 std::optional<OnednnImages> onednn_images(const at::Tensor& tensor) {
   if (!tensor.defined() || !tensor.is_mkldnn() || tensor.dim() != 4) return std::nullopt;
@@ -88,7 +95,7 @@ at::Tensor empty_onednn_images(const at::Tensor& like, at::IntArrayRef sizes) {
   const auto format = image_format(it.get_desc().data);
   TORCH_CHECK(format && sizes.size() == 4, "empty_onednn_images: `like` is not in a layout of OnednnImages");
   ideep::tensor buffer({sizes.begin(), sizes.end()}, it.get_data_type(), *format);
-  at::Tensor out = at::native::new_with_itensor_mkldnn(std::move(buffer), like.scalar_type(), like.device());
+  at::Tensor out = onednn_tensor(std::move(buffer));
   zero_padding_channels(*onednn_images(out), sizes[1]);
   return out;
 }

@@ -19,6 +19,7 @@
 #include "afterburner/infer/onednn_checks.h"
 #include "afterburner/infer/onednn_graph.h"
 #include "afterburner/infer/onednn_linear.h"
+#include "afterburner/infer/packed_conv.h"
 #include "afterburner/kernels/fuse.h"
 
 namespace afterburner::infer {
@@ -273,6 +274,7 @@ Module prepare_for_inference(const Module& optimized) {
   Module prepared = torch::jit::optimize_for_inference(frozen);
   auto graph = prepared.get_method("forward").graph();
   route_matmuls_to_onednn(graph);
+  pack_bf16_convolutions(graph);
   kernels::layer_norms_onto_ours(graph);  // LibTorch 1.13 rounds bf16 LayerNorm as it goes, and slowly
   multiply_broadcasts_on_onednn(graph);
   propagate_non_finite_as_aten(graph);
