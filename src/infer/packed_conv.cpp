@@ -18,11 +18,12 @@ namespace jit = torch::jit;
 constexpr size_t kLayoutsKept = 4096;
 
 // Whether conv2d_packed computes this convolution on oneDNN itself: a 4-D bf16 input (dense, on
-// the CPU, no autograd to record) and the bf16 weight it was packed from.
-bool packed_path_suits(const torch::Tensor& x, const torch::Tensor& weight) {
+// the CPU, no autograd to record), the bf16 weight it was packed from, a bf16 bias or none.
+bool packed_path_suits(const torch::Tensor& x, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias) {
   const bool records = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+  const bool bias_suits = !bias || !bias->defined() || (bias->dim() == 1 && bias->scalar_type() == at::kBFloat16);
   return x.dim() == 4 && x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 &&
-         x.device().is_cpu() && x.layout() == at::kStrided && x.numel() > 0 && !records;
+         x.device().is_cpu() && x.layout() == at::kStrided && x.numel() > 0 && bias_suits && !records;
 }
 
 // The layout oneDNN's convolution wants its weight in, for this geometry and these images
@@ -53,7 +54,7 @@ ideep::tensor::desc wanted_layout(const std::vector<int64_t>& weight_dims, const
 torch::Tensor conv2d_packed(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& packed,
                             const c10::optional<torch::Tensor>& bias, at::IntArrayRef stride,
                             at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
-  if (!packed_path_suits(x, weight) || x.size(1) != weight.size(1) * groups) {
+  if (!packed_path_suits(x, weight, bias) || x.size(1) != weight.size(1) * groups) {
     return at::conv2d(x, weight, bias, stride, padding, dilation, groups);
   }
   std::vector<int64_t> out_sizes{x.size(0), weight.size(0)};
@@ -87,6 +88,9 @@ torch::Tensor conv2d_packed(const torch::Tensor& x, const torch::Tensor& weight,
     ideep::convolution_forward::compute</*plain_format=*/true>(src, weight_used, out_sizes, dst, strides, dilates,
                                                                  pads, pads, groups);
   }
+  // ideep writes into a buffer of its own where the primitive wants another output layout (not
+  // with channels-last images): never leave y unwritten.
+  if (dst.get_data_handle() != y.data_ptr()) return at::conv2d(x, weight, bias, stride, padding, dilation, groups);
   return y;
 }
 
@@ -100,7 +104,8 @@ TORCH_LIBRARY_FRAGMENT(afterburner, m) {  // the library is src/kernels/ops.cpp
 // a size derived from the filter: ideep's stand-in where the image size is not known yet; a run
 // whose convolution wants another layout reorders, as LibTorch's always does).
 torch::Tensor packed_for_onednn(const torch::Tensor& weight, const std::vector<int64_t>& stride,
-                     const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups) {
+                                const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation,
+                                int64_t groups) {
   const torch::Tensor dense = weight.contiguous(at::MemoryFormat::ChannelsLast);
   const ideep::tensor view({dense.sizes().vec(), ideep::data_type::bf16, ideep::format_tag::ohwi}, dense.data_ptr());
   const ideep::tensor::desc layout = ideep::convolution_forward::expected_weights_desc(
