@@ -1,12 +1,12 @@
 #include "afterburner/core/onednn_tensor.h"
 
-#include "afterburner/core/ideep_tensor.h"
-
 #include <ATen/core/TensorBody.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
 #include <cstring>
+
+#include "afterburner/core/ideep_tensor.h"
 
 // LibTorch exports these (ATen/native/mkldnn/MKLDNNCommon.h, a header Debian's libtorch-dev does
 // not ship); ideep, the header-only wrapper of oneDNN they speak, is Debian's libideep-dev (the
