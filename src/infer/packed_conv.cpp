@@ -34,7 +34,9 @@ ideep::tensor::desc wanted_layout(const std::vector<int64_t>& weight_dims, const
   static std::mutex lock;
   static std::map<std::vector<int64_t>, ideep::tensor::desc> layouts;
   std::vector<int64_t> key = weight_dims;
-  for (const auto* part : {&image_dims, &stride, &padding, &dilation}) key.insert(key.end(), part->begin(), part->end());
+  for (const auto* part : {&image_dims, &stride, &padding, &dilation}) {
+    key.insert(key.end(), part->begin(), part->end());
+  }
   key.push_back(groups);
   const std::lock_guard<std::mutex> guard(lock);
   auto found = layouts.find(key);

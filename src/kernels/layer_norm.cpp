@@ -254,8 +254,8 @@ bool taken_here(const torch::Tensor& x, at::IntArrayRef normalized_shape, const 
 }
 
 bool records_for_autograd(std::initializer_list<torch::Tensor> tensors) {
-  return at::GradMode::is_enabled() &&
-         std::any_of(tensors.begin(), tensors.end(), [](const torch::Tensor& t) { return t.defined() && t.requires_grad(); });
+  const auto records = [](const torch::Tensor& t) { return t.defined() && t.requires_grad(); };
+  return at::GradMode::is_enabled() && std::any_of(tensors.begin(), tensors.end(), records);
 }
 
 }  // namespace

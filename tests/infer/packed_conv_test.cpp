@@ -43,7 +43,8 @@ jit::Module frozen_convolution(const Geometry& g, torch::Dtype dtype = torch::kB
 }
 
 torch::Tensor images(const Geometry& g, int64_t batch) {
-  return torch::randn({batch, g.channels, g.size, g.size}).to(torch::kBFloat16).contiguous(at::MemoryFormat::ChannelsLast);
+  const torch::Tensor x = torch::randn({batch, g.channels, g.size, g.size}).to(torch::kBFloat16);
+  return x.contiguous(at::MemoryFormat::ChannelsLast);
 }
 
 int pack(jit::Module& module) {
@@ -110,8 +111,8 @@ TEST(PackedConv, OtherImagesLayoutsAndAutogradGiveLibTorchsAnswer) {
   ASSERT_TRUE(y.requires_grad());
   const torch::Tensor grad_x = torch::autograd::grad({y.to(torch::kFloat).sum()}, {x})[0];
   const torch::Tensor x_again = x.detach().clone().requires_grad_();
-  const torch::Tensor grad_again = torch::autograd::grad({original.forward({x_again}).toTensor().to(torch::kFloat).sum()},
-                                                         {x_again})[0];
+  const torch::Tensor y_again = original.forward({x_again}).toTensor();
+  const torch::Tensor grad_again = torch::autograd::grad({y_again.to(torch::kFloat).sum()}, {x_again})[0];
   EXPECT_TRUE(BitwiseEqual(grad_x, grad_again));
 }
 

@@ -192,7 +192,8 @@ TEST(AddmmFused, OtherCasesAreLibTorchsOps) {
   for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(ours_grads[i], their_grads[i]));
   const auto ad = a.detach().to(torch::kDouble), bd = b.detach().to(torch::kDouble);
   const auto biasd = bias.detach().to(torch::kDouble);
-  EXPECT_TRUE(torch::equal(kernels::addmm_fused(biasd, ad, bd, kernels::Epilogue::gelu), at::gelu(at::addmm(biasd, ad, bd))));
+  EXPECT_TRUE(torch::equal(kernels::addmm_fused(biasd, ad, bd, kernels::Epilogue::gelu),
+                           at::gelu(at::addmm(biasd, ad, bd))));
   const auto broadcast_bias = torch::randn({1}).expand({3});
   EXPECT_TRUE(torch::equal(kernels::addmm_fused(broadcast_bias, a.detach(), b.detach(), kernels::Epilogue::identity),
                            at::addmm(broadcast_bias, a.detach(), b.detach())));

@@ -303,7 +303,9 @@ OpCase layer_norm_case() {
                            if (x.scalar_type() != torch::kBFloat16 || at::autocast::is_cpu_enabled()) {
                              return torch::layer_norm(x, {s[1]}, weight, bias, 1e-5);
                            }
-                           const auto widened = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat) : t; };
+                           const auto widened = [](const torch::Tensor& t) {
+                             return t.defined() ? t.to(torch::kFloat) : t;
+                           };
                            return torch::layer_norm(widened(x), {s[1]}, widened(weight), widened(bias), 1e-5)
                                .to(torch::kBFloat16);
                          }};

@@ -164,7 +164,8 @@ TEST(LayerNorm, Bf16OutsideAutocastIsTheExactAnswerRoundedOnce) {
     torch::manual_seed(7);
     const torch::Tensor x = (torch::randn({150, 96}) * 3 + 1).to(torch::kBFloat16), dy = torch::randn({150, 96});
     const torch::Tensor weight = torch::randn({96}).to(affine_type), bias = torch::randn({96}).to(affine_type);
-    const Result got = ours(x, weight, bias, dy.to(torch::kBFloat16)), want = in_double(x, weight, bias, dy.to(torch::kBFloat16));
+    const torch::Tensor upstream = dy.to(torch::kBFloat16);
+    const Result got = ours(x, weight, bias, upstream), want = in_double(x, weight, bias, upstream);
     ASSERT_EQ(got.y.scalar_type(), torch::kBFloat16);
     ASSERT_EQ(got.dx.scalar_type(), torch::kBFloat16);
     ASSERT_EQ(got.dweight.scalar_type(), affine_type);
@@ -176,7 +177,9 @@ TEST(LayerNorm, Bf16OutsideAutocastIsTheExactAnswerRoundedOnce) {
     expect_near(got.dbias, want.dbias, rounding, "dbias");
     if (affine_type == torch::kBFloat16) {
       const torch::Tensor libtorch = at::layer_norm(x, {96}, weight, bias, 1e-5);
-      const auto error = [&](const torch::Tensor& y) { return (y.to(torch::kDouble) - want.y).abs().max().item<double>(); };
+      const auto error = [&](const torch::Tensor& y) {
+        return (y.to(torch::kDouble) - want.y).abs().max().item<double>();
+      };
       EXPECT_LE(error(got.y), error(libtorch));
     }
   }
@@ -202,7 +205,8 @@ TEST(LayerNorm, CasesItDoesNotTakeAreLibTorchsBitForBit) {
   torch::manual_seed(5);
   const torch::Tensor x = torch::randn({9, 20}, torch::kDouble);
   const torch::Tensor weight = torch::randn({20}, torch::kDouble), bias = torch::randn({20}, torch::kDouble);
-  EXPECT_TRUE(BitwiseEqual(kernels::layer_norm(x, {20}, weight, bias, 1e-5), at::layer_norm(x, {20}, weight, bias, 1e-5)));
+  EXPECT_TRUE(
+      BitwiseEqual(kernels::layer_norm(x, {20}, weight, bias, 1e-5), at::layer_norm(x, {20}, weight, bias, 1e-5)));
   // Normalized over the last two dimensions.
   const torch::Tensor matrix_weight = torch::randn({3, 20});
   const torch::Tensor rows = torch::randn({4, 3, 20});
