@@ -8,6 +8,7 @@
 #include <torch/csrc/jit/passes/subgraph_rewrite.h>
 #include <torch/csrc/jit/runtime/graph_iterator.h>
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -219,7 +220,8 @@ void onto_ours(jit::Block* block, c10::Symbol kind, const char* ours, const Inpu
 //   ones multiplied in) is not applied to it;
 // - gelu: where `approximate` is the constant "none" (kernels/gelu.h); the tanh form stays LibTorch's;
 // - layer_norm: every one, its cases handed back to LibTorch where the kernel does not take them
-//   (kernels/layer_norm.h); cudnn_enable, the last argument, means nothing on CPU.
+//   (kernels/layer_norm.h); cudnn_enable, the last argument, means nothing on CPU; one read only by
+//   Linear layers gives them bf16 under autocast (bf16_for_autocast).
 void ops_onto_ours(std::shared_ptr<jit::Graph>& graph) {
   jit::Block* block = graph->block();
   using Inputs = c10::optional<std::vector<jit::Value*>>;
@@ -285,9 +287,17 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
 int layer_norms_onto_ours(std::shared_ptr<torch::jit::Graph>& graph) {
   const int before = count(graph, c10::aten::layer_norm);
   onto_ours(graph->block(), c10::aten::layer_norm, "afterburner::layer_norm",
-            [](jit::Node* node) -> c10::optional<std::vector<jit::Value*>> {
+            [&](jit::Node* node) -> c10::optional<std::vector<jit::Value*>> {
               if (node->inputs().size() != 6) return c10::nullopt;
-              return node->inputs().slice(0, 5).vec();
+              // Read only as the input of Linear layers: under bf16 autocast they cast it to bf16.
+              const auto& uses = node->output()->uses();
+              const bool only_linears = !uses.empty() && std::all_of(uses.begin(), uses.end(), [](const jit::Use& use) {
+                return use.user->kind() == c10::aten::linear && use.offset == 0;
+              });
+              jit::WithInsertPoint insert_point(node);
+              std::vector<jit::Value*> inputs = node->inputs().slice(0, 5).vec();
+              inputs.push_back(graph->insertConstant(only_linears));
+              return inputs;
             });
   return before - count(graph, c10::aten::layer_norm);
 }

@@ -144,9 +144,12 @@ bool autocast_in_bf16() {
   return at::autocast::is_cpu_enabled() && at::autocast::get_autocast_cpu_dtype() == at::kBFloat16;
 }
 
-// Autocast's policy: fp32 (LibTorch would copy a bf16 input to fp32 first); outside autocast the
-// input's dtype, as aten::layer_norm's.
-at::ScalarType result_type(const torch::Tensor& x) { return autocast_in_bf16() ? at::kFloat : x.scalar_type(); }
+// Autocast's policy: fp32 (LibTorch would copy a bf16 input to fp32 first), or bf16 where the
+// readers would cast it so; outside autocast the input's dtype, as aten::layer_norm's.
+at::ScalarType result_type(const torch::Tensor& x, bool bf16_for_autocast) {
+  if (!autocast_in_bf16()) return x.scalar_type();
+  return bf16_for_autocast ? at::kBFloat16 : at::kFloat;
+}
 
 // `body(first_row, rows, block)` for each block of kNormRowsPerBlock rows of `total`, in parallel.
 template <typename Body>
@@ -162,9 +165,9 @@ void for_row_blocks(int64_t total, const Body& body) {
 
 // y (of result_type) and each row's mean and rstd for x (contiguous) over its last d values.
 void normalize(const torch::Tensor& x, int64_t d, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias,
-               double eps, torch::Tensor& y, torch::Tensor& mean, torch::Tensor& rstd) {
+               double eps, bool bf16_for_autocast, torch::Tensor& y, torch::Tensor& mean, torch::Tensor& rstd) {
   const int64_t rows = x.numel() / d;
-  y = at::empty(x.sizes(), x.options().dtype(result_type(x)));
+  y = at::empty(x.sizes(), x.options().dtype(result_type(x, bf16_for_autocast)));
   mean = at::empty({rows}, x.options().dtype(at::kFloat));
   rstd = at::empty({rows}, mean.options());
   const torch::Tensor scale = weight_or_ones(weight, d), shift = bias_or_zeros(bias, d);
@@ -184,10 +187,11 @@ void normalize(const torch::Tensor& x, int64_t d, const torch::Tensor& weight, c
 struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
                                std::vector<int64_t> normalized_shape, const c10::optional<torch::Tensor>& weight,
-                               const c10::optional<torch::Tensor>& bias, double eps) {
+                               const c10::optional<torch::Tensor>& bias, double eps, bool bf16_for_autocast) {
     const torch::Tensor x = x_in.contiguous();
     torch::Tensor y, mean, rstd;
-    normalize(x, c10::multiply_integers(normalized_shape), weight.value_or(torch::Tensor()), bias, eps, y, mean, rstd);
+    normalize(x, c10::multiply_integers(normalized_shape), weight.value_or(torch::Tensor()), bias, eps,
+              bf16_for_autocast, y, mean, rstd);
     ctx->save_for_backward({x, weight.value_or(torch::Tensor()), mean, rstd});
     ctx->saved_data["has_bias"] = bias.has_value();
     if (bias) ctx->saved_data["bias_type"] = bias->scalar_type();
@@ -236,7 +240,7 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
       if (weight_grad) dweight = totals[0].view(shape).to(weight.scalar_type());
       if (bias_grad) dbias = totals[1].view(shape).to(ctx->saved_data["bias_type"].toScalarType());
     }
-    return {dx, {}, dweight, dbias, {}};
+    return {dx, {}, dweight, dbias, {}, {}};
   }
 };
 
@@ -261,15 +265,17 @@ bool records_for_autograd(std::initializer_list<torch::Tensor> tensors) {
 }  // namespace
 
 torch::Tensor layer_norm(const torch::Tensor& x, at::IntArrayRef normalized_shape, const torch::Tensor& weight,
-                         const torch::Tensor& bias, double eps) {
+                         const torch::Tensor& bias, double eps, bool bf16_for_autocast) {
   if (!taken_here(x, normalized_shape, weight, bias)) return at::layer_norm(x, normalized_shape, weight, bias, eps);
   const auto optional = [](const torch::Tensor& t) { return t.defined() ? c10::make_optional(t) : c10::nullopt; };
   if (!records_for_autograd({x, weight, bias})) {  // inference: no statistics kept, no autograd node
     torch::Tensor y, mean, rstd;
-    normalize(x.contiguous(), c10::multiply_integers(normalized_shape), weight, optional(bias), eps, y, mean, rstd);
+    normalize(x.contiguous(), c10::multiply_integers(normalized_shape), weight, optional(bias), eps,
+              bf16_for_autocast, y, mean, rstd);
     return y;
   }
-  return LayerNormFunction::apply(x, normalized_shape.vec(), optional(weight), optional(bias), eps);
+  return LayerNormFunction::apply(x, normalized_shape.vec(), optional(weight), optional(bias), eps,
+                                  bf16_for_autocast);
 }
 
 }  // namespace afterburner::kernels

@@ -58,8 +58,8 @@ torch::Tensor conv2d_op(const torch::Tensor& x, const torch::Tensor& weight, con
 
 torch::Tensor layer_norm_op(const torch::Tensor& x, at::IntArrayRef normalized_shape,
                             const c10::optional<torch::Tensor>& weight, const c10::optional<torch::Tensor>& bias,
-                            double eps) {
-  return layer_norm(x, normalized_shape, or_undefined(weight), or_undefined(bias), eps);
+                            double eps, bool bf16_for_autocast) {
+  return layer_norm(x, normalized_shape, or_undefined(weight), or_undefined(bias), eps, bf16_for_autocast);
 }
 
 torch::Tensor low_rank_linear_op(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
@@ -154,9 +154,10 @@ TORCH_LIBRARY(afterburner, m) {
   m.def("gelu(Tensor x) -> Tensor");
   register_kernels<gelu>(m, "gelu");
   // (x - mean) / sqrt(var + eps) * weight + bias over the last dimensions, as aten::layer_norm; under
-  // autocast from a bf16 input read as it is to the fp32 result (kernels::layer_norm).
-  m.def("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) "
-        "-> Tensor");
+  // autocast from a bf16 input read as it is to the fp32 result, or to that result rounded to bf16
+  // where every reader casts it so (bf16_for_autocast, kernels::layer_norm).
+  m.def("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, "
+        "bool bf16_for_autocast=False) -> Tensor");
   register_kernels<layer_norm_op>(m, "layer_norm");
   // One in-place step of torch.optim.SGD / AdamW over all the tensors given, in one fused pass
   // (kernels::sgd_step / adamw_step); run under no_grad, as optimizers step.

@@ -1,4 +1,6 @@
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/jit/api/function_impl.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -186,4 +188,42 @@ TEST(FuseScript, ACopyRunsTheFusedForwardOverTheSameParameters) {
   }
 }
 
+}  // namespace afterburner::kernels
+
+namespace afterburner::kernels {
+namespace {
+
+// Under bf16 autocast a LayerNorm read only by Linear layers gives them bf16 (what they would
+// cast its fp32 result to); one read by anything else keeps autocast's fp32. The flag is the
+// rewritten op's last input.
+TEST(FuseScript, LayerNormsReadOnlyByLinearLayersAreMarkedForBf16) {
+  torch::jit::Module net("Norms");
+  for (const char* name : {"w", "b"}) net.register_parameter(name, torch::randn({8}), false);
+  net.register_parameter("lw", torch::randn({8, 8}), false);
+  net.define(R"(
+def forward(self, x):
+    for_linears = torch.layer_norm(x, [8], self.w, self.b, 1e-05, True)
+    y = torch.linear(for_linears, self.lw, None) + torch.linear(for_linears, self.lw, None)
+    for_others = torch.layer_norm(y, [8], self.w, self.b, 1e-05, True)
+    return torch.linear(for_others, self.lw, None) + for_others
+)");
+  const auto result = fuse_forward(net);
+  std::vector<bool> marks;
+  for (const torch::jit::Node* node : torch::jit::toGraphFunction(*result.forward).graph()->nodes()) {
+    if (node->kind().toQualString() == std::string("afterburner::layer_norm")) {
+      marks.push_back(torch::jit::toIValue(node->inputs().back())->toBool());
+    }
+  }
+  EXPECT_EQ(marks, (std::vector<bool>{true, false}));
+  torch::NoGradGuard no_grad;
+  const torch::Tensor x = torch::randn({5, 8});
+  at::autocast::set_cpu_enabled(true);
+  const torch::Tensor fused = (*result.forward)({net._ivalue(), x}).toTensor();
+  const torch::Tensor expected = net.forward({x}).toTensor();
+  at::autocast::set_cpu_enabled(false);
+  EXPECT_EQ(fused.scalar_type(), expected.scalar_type());
+  EXPECT_TRUE(torch::allclose(fused, expected, 5e-2, 5e-2));
+}
+
+}  // namespace
 }  // namespace afterburner::kernels

@@ -185,6 +185,32 @@ TEST(LayerNorm, Bf16OutsideAutocastIsTheExactAnswerRoundedOnce) {
   }
 }
 
+// bf16_for_autocast: under autocast the fp32 result rounded to bf16 as autocast's cast rounds it,
+// and through a Linear the same output and gradients, bit for bit, as the fp32 result cast by
+// autocast; outside autocast no effect.
+TEST(LayerNorm, Bf16ForAutocastIsAutocastsCastOfTheResult) {
+  torch::manual_seed(9);
+  const torch::Tensor x = torch::randn({70, 40}) * 2, weight = torch::randn({40}), bias = torch::randn({40});
+  const torch::Tensor linear_weight = torch::randn({24, 40}), dz = torch::randn({70, 24});
+  const auto through_linear = [&](bool bf16_for_autocast) {
+    return run(
+        [&](const torch::Tensor& v, const torch::Tensor& w, const torch::Tensor& b) {
+          const torch::Tensor y = kernels::layer_norm(v, {40}, w, b, 1e-5, bf16_for_autocast);
+          EXPECT_EQ(y.scalar_type(), bf16_for_autocast ? torch::kBFloat16 : torch::kFloat);
+          return torch::linear(y, linear_weight);
+        },
+        x, weight, bias, dz.to(torch::kBFloat16));
+  };
+  at::autocast::set_cpu_enabled(true);
+  const Result marked = through_linear(true), plain = through_linear(false);
+  at::autocast::set_cpu_enabled(false);
+  EXPECT_TRUE(BitwiseEqual(marked.y, plain.y));
+  EXPECT_TRUE(BitwiseEqual(marked.dx, plain.dx));
+  EXPECT_TRUE(BitwiseEqual(marked.dweight, plain.dweight));
+  EXPECT_TRUE(BitwiseEqual(marked.dbias, plain.dbias));
+  EXPECT_EQ(kernels::layer_norm(x, {40}, weight, bias, 1e-5, true).scalar_type(), torch::kFloat);  // no autocast
+}
+
 // Where nothing needs a gradient (inference) the statistics are not kept: the same bits.
 TEST(LayerNorm, WithoutAutogradTheSameBitsAsWithIt) {
   torch::manual_seed(8);

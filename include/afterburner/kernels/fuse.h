@@ -66,8 +66,10 @@ ScriptFuseResult fuse_forward(const torch::jit::Module& module);
 int fuse_relu_max_pool2d(std::shared_ptr<torch::jit::Graph>& graph);
 
 // Every aten::layer_norm of `graph` (inner blocks included) onto afterburner::layer_norm
-// (kernels/layer_norm.h), which hands the cases it does not take back to LibTorch; returns how
-// many. fuse_forward does it for training; optimize's runtime for inference.
+// (kernels/layer_norm.h), which hands the cases it does not take back to LibTorch; those read only
+// by aten::linear marked bf16_for_autocast (under bf16 autocast they hand the Linear layers the
+// bf16 values autocast would cast to). Returns how many. fuse_forward does it for training;
+// optimize's runtime for inference.
 int layer_norms_onto_ours(std::shared_ptr<torch::jit::Graph>& graph);
 
 // A copy of `module` (types of its own, the same parameter and buffer tensors) whose forward is

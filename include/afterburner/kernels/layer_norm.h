@@ -18,7 +18,10 @@
 
 namespace afterburner::kernels {
 
+// bf16_for_autocast: under bf16 autocast, the result rounded to bf16 (the same bits as autocast's
+// cast of the fp32 result), for a LayerNorm whose every reader is an op autocast runs in bf16 (a
+// Linear after it): the cast and its backward's widening are then not made. No effect elsewhere.
 torch::Tensor layer_norm(const torch::Tensor& x, at::IntArrayRef normalized_shape, const torch::Tensor& weight,
-                         const torch::Tensor& bias, double eps);
+                         const torch::Tensor& bias, double eps, bool bf16_for_autocast = false);
 
 }  // namespace afterburner::kernels
