@@ -103,8 +103,8 @@ TORCH_LIBRARY_FRAGMENT(afterburner, m) {  // the library is src/kernels/ops.cpp
 }
 
 // The weight in the layout oneDNN's convolution picks for its geometry (channels-last images of
-// a size derived from the filter: ideep's stand-in where the image size is not known yet; a run
-// whose convolution wants another layout reorders, as LibTorch's always does).
+// a size derived from the filter: ideep's stand-in where the image size is not known yet; a call
+// whose images want another layout runs on the dense weight, see conv2d_packed).
 torch::Tensor packed_for_onednn(const torch::Tensor& weight, const std::vector<int64_t>& stride,
                                 const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation,
                                 int64_t groups) {
@@ -140,10 +140,8 @@ int pack_bf16_convolutions(std::shared_ptr<jit::Graph>& graph) {
     const auto stride = constant_pair(conv->input(3)), padding = constant_pair(conv->input(4)),
                dilation = constant_pair(conv->input(5));
     const auto groups = jit::constant_as<int64_t>(conv->input(6));
-    const bool bias_known = conv->input(2)->type()->kind() == c10::TypeKind::NoneType ||
-                            jit::constant_as<at::Tensor>(conv->input(2)).has_value();
     if (!weight || weight->dim() != 4 || weight->scalar_type() != at::kBFloat16 || !stride || !padding ||
-        !dilation || !groups || !bias_known) {
+        !dilation || !groups) {
       continue;
     }
     jit::WithInsertPoint insert_point(conv);

@@ -15,8 +15,8 @@
 
 namespace afterburner::infer {
 
-// Rewrites aten::conv2d of a constant bf16 weight (and a constant bias or none, constant integer
-// stride, padding, dilation and groups) onto afterburner::conv2d_packed, which computes the same
+// Rewrites aten::conv2d of a constant bf16 weight (and constant integer stride, padding, dilation
+// and groups) onto afterburner::conv2d_packed, which computes the same
 // oneDNN convolution (the same bits) on the weight packed here. Returns how many were rewritten.
 int pack_bf16_convolutions(std::shared_ptr<torch::jit::Graph>& graph);
 
