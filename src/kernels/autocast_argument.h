@@ -15,4 +15,10 @@ inline torch::Tensor autocast_argument(const torch::Tensor& tensor) {
   return at::autocast::cached_cast(at::autocast::get_autocast_cpu_dtype(), tensor, c10::DeviceType::CPU);
 }
 
+// The dtype autocast_argument(tensor) has, without casting.
+inline at::ScalarType autocast_dtype(const torch::Tensor& tensor) {
+  const bool cast = at::autocast::is_cpu_enabled() && at::autocast::is_eligible(tensor, c10::DeviceType::CPU);
+  return cast ? at::autocast::get_autocast_cpu_dtype() : tensor.scalar_type();
+}
+
 }  // namespace afterburner::kernels

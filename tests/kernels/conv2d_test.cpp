@@ -304,6 +304,44 @@ TEST(Conv2dOnePixel, IsALinearLayerOnTheTapThatReadsThePixelWithLibTorchsGradien
   }
 }
 
+// The weight's gradient comes in the weight's own dtype and layout (so that AccumulateGrad keeps it
+// rather than copying it into the parameter's), holding the bits of the same linear layer on a dense
+// copy of the tap of the weight cast whole, as autocast casts it.
+TEST(Conv2dOnePixel, WeightGradientIsLaidOutAsTheWeightWithTheBitsOfTheCastWholeWeight) {
+  for (const bool autocast : {false, true}) {
+    for (const auto format : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::Contiguous}) {
+      torch::manual_seed(4);
+      const auto x = torch::randn({6, 24, 1, 1});
+      const auto w = torch::randn({16, 24, 3, 3}).contiguous(format);
+      const auto b = torch::randn({16});
+      const auto grad_y = torch::randn({6, 16, 1, 1});
+      const auto cast = [&](const torch::Tensor& t) { return autocast ? t.to(torch::kBFloat16) : t; };
+      const auto whole_weight_cast = [&](const torch::Tensor& xi, const torch::Tensor& wi, const torch::Tensor& bi) {
+        const auto tap = cast(wi).select(3, 1).select(2, 1).contiguous();
+        return at::linear(cast(xi).flatten(1), tap, cast(bi)).view({xi.size(0), wi.size(0), 1, 1});
+      };
+      const auto conv = [](const torch::Tensor& xi, const torch::Tensor& wi, const torch::Tensor& bi) {
+        return kernels::conv2d(xi, wi, bi, {1, 1}, {1, 1}, {1, 1}, 1);
+      };
+      at::autocast::set_cpu_enabled(autocast);
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      const Gradients got = gradients(conv, x, w, b, grad_y);
+      const Gradients again = gradients(conv, x, w, b, grad_y);
+      at::autocast::set_cpu_enabled(false);
+      at::autocast::clear_cache();
+      const Gradients want = gradients(whole_weight_cast, x, w, b, grad_y);
+      SCOPED_TRACE(::testing::Message() << "autocast " << autocast << " " << format);
+      EXPECT_EQ(got.weight.scalar_type(), torch::kFloat);
+      EXPECT_EQ(got.weight.strides(), w.strides());
+      EXPECT_TRUE(Identical(got.y, want.y));
+      EXPECT_TRUE(Identical(got.x, want.x));
+      EXPECT_TRUE(Identical(got.weight, want.weight));
+      EXPECT_TRUE(Identical(got.bias, want.bias));
+      EXPECT_TRUE(Identical(again.weight, got.weight));
+    }
+  }
+}
+
 // A NaN or an infinity in the pixel or on the tap that reads it propagates as LibTorch's does; the
 // other taps read the padding and add nothing, whatever they hold (LibTorch's convolutions of
 // larger images do the same; of 1-pixel ones, multiply their zeros in: NaN).
