@@ -18,7 +18,7 @@ using afterburner::testing::AgreesWithNonFinite;
 using afterburner::testing::Contains;
 using afterburner::testing::Identical;
 
-constexpr const char* kOurNode = "DepthwiseConv2dFunction";
+constexpr const char* kOurNode = "Conv2dFunction";
 
 // A depthwise convolution's shape and options.
 struct Geometry {
@@ -389,6 +389,120 @@ TEST(Conv2dOnePixel, OtherImagesAndGeometriesRunLibTorchsConvolution) {
   EXPECT_EQ(node(pixel, 3, 3, 2), "ConvolutionBackward0");  // no tap reads the pixel: the bias alone
   // A bad geometry is LibTorch's error.
   EXPECT_THROW(kernels::conv2d(pixel, w, {}, {1, 1}, {0, 0}, {1, 1}, 1), c10::Error);
+}
+
+// bf16 convolutions of images with at most 4 output pixels: {N, C_in, C_out, H, W, kernel,
+// stride, padding, dilation}. ResNet-18's last stages on 28-pixel inputs (2x2 images, 4 -> 2 and
+// 2 -> 1 with stride 2, a 1x1 shortcut), a 3-pixel image, dilation, a row.
+const std::vector<std::vector<int64_t>> kSmallImages{
+    {7, 24, 16, 2, 2, 3, 1, 1, 1}, {5, 8, 12, 4, 4, 3, 2, 1, 1}, {3, 16, 8, 2, 2, 3, 2, 1, 1},
+    {2, 6, 10, 4, 4, 1, 2, 0, 1},  {1, 5, 7, 3, 3, 3, 2, 1, 1},  {4, 6, 6, 3, 3, 3, 1, 1, 2},
+    {2, 4, 5, 1, 4, 3, 1, 1, 1},   {64, 32, 32, 2, 2, 3, 1, 1, 1}};
+
+torch::Tensor small_image_conv(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                               const std::vector<int64_t>& s) {
+  return kernels::conv2d(x, w, b, {s[6], s[6]}, {s[7], s[7]}, {s[8], s[8]}, 1);
+}
+
+struct SmallImageCase {
+  torch::Tensor x, weight, bias, grad_y;
+};
+
+SmallImageCase small_image_case(const std::vector<int64_t>& s, at::MemoryFormat format, bool bias) {
+  torch::manual_seed(s[1] + s[3]);
+  const auto opts = torch::dtype(torch::kBFloat16);
+  SmallImageCase c{torch::randn({s[0], s[1], s[3], s[4]}, opts).contiguous(format),
+                   torch::randn({s[2], s[1], s[5], s[5]}, opts).contiguous(format),
+                   bias ? torch::randn({s[2]}, opts) : torch::Tensor(), {}};
+  const auto y = torch::conv2d(c.x, c.weight, c.bias, s[6], s[7], s[8]);
+  c.grad_y = torch::randn(y.sizes(), opts).contiguous(format);
+  return c;
+}
+
+TEST(Conv2dSmallImages, Bf16GradientsMatchLibTorchInDoubleLaidOutAsTheirTensors) {
+  for (const auto& s : kSmallImages) {
+    for (const auto format : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::Contiguous}) {
+      for (const bool bias : {false, true}) {
+        const SmallImageCase c = small_image_case(s, format, bias);
+        const auto conv = [&](const torch::Tensor& xi, const torch::Tensor& wi, const torch::Tensor& bi) {
+          return small_image_conv(xi, wi, bi, s);
+        };
+        const auto reference = [&](const torch::Tensor& xi, const torch::Tensor& wi, const torch::Tensor& bi) {
+          return torch::conv2d(xi, wi, bi, s[6], s[7], s[8]);
+        };
+        const auto to64 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kDouble) : t; };
+        const Gradients got = gradients(conv, c.x, c.weight, c.bias, c.grad_y);
+        const Gradients want = gradients(reference, to64(c.x), to64(c.weight), to64(c.bias), to64(c.grad_y));
+        SCOPED_TRACE(::testing::Message() << c10::IntArrayRef(s) << " " << format << " bias " << bias);
+        EXPECT_TRUE(Contains(got.node, kOurNode)) << got.node;
+        EXPECT_TRUE(Near(got.y, want.y, 1e-2)) << "output";
+        EXPECT_TRUE(Near(got.x, want.x, 1e-2)) << "input gradient";
+        EXPECT_TRUE(Near(got.weight, want.weight, 1e-2)) << "weight gradient";
+        if (bias) {
+          EXPECT_TRUE(Near(got.bias, want.bias, 1e-2)) << "bias gradient";
+        }
+        EXPECT_EQ(got.weight.scalar_type(), torch::kBFloat16);
+        EXPECT_TRUE(got.weight.is_contiguous(c.weight.suggest_memory_format())) << "laid out as the weight";
+        const Gradients again = gradients(conv, c.x, c.weight, c.bias, c.grad_y);
+        EXPECT_TRUE(Identical(again.y, got.y));
+        EXPECT_TRUE(Identical(again.x, got.x));
+        EXPECT_TRUE(Identical(again.weight, got.weight));
+        if (bias) {
+          EXPECT_TRUE(Identical(again.bias, got.bias));
+        }
+      }
+    }
+  }
+}
+
+// A NaN or an infinity in x reaches the gradients of the taps that read it, as in LibTorch's double
+// backward on the same values (its bf16 one, oneDNN's, puts NaN on some taps that read the padding
+// of stride-2 layers, by the values the padding stands next to). An infinite or NaN output gradient
+// takes LibTorch's bf16 backward, whose taps on the padding add nothing where the GEMM would
+// multiply the padding's zeros by it: the same bits.
+TEST(Conv2dSmallImages, NonFiniteValuesPropagateAsLibTorchsBackwardDoes) {
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  for (const auto& s : {kSmallImages[0], kSmallImages[1], kSmallImages[2]}) {
+    SmallImageCase c = small_image_case(s, at::MemoryFormat::ChannelsLast, true);
+    c.x[0][1][0][0] = kNaN;
+    c.x[s[0] - 1][2][s[3] - 1][s[4] - 1] = -kInf;
+    const auto conv = [&](const torch::Tensor& xi, const torch::Tensor& wi, const torch::Tensor& bi) {
+      return small_image_conv(xi, wi, bi, s);
+    };
+    for (const bool infinite_grad_y : {false, true}) {
+      if (infinite_grad_y) c.grad_y[s[0] - 1][3][0][0] = kInf;
+      const Gradients got = gradients(conv, c.x, c.weight, c.bias, c.grad_y);
+      const auto dtype = infinite_grad_y ? torch::kBFloat16 : torch::kDouble;
+      const auto [grad_x, grad_weight, grad_bias] = at::convolution_backward(
+          c.grad_y.to(dtype), c.x.to(dtype), c.weight.to(dtype), std::vector<int64_t>{s[2]}, {s[6], s[6]},
+          {s[7], s[7]}, {s[8], s[8]}, false, {0, 0}, 1, {true, true, true});
+      SCOPED_TRACE(::testing::Message() << c10::IntArrayRef(s) << " infinite grad_y " << infinite_grad_y);
+      EXPECT_FALSE(got.weight.isfinite().all().item<bool>());
+      if (infinite_grad_y) {
+        EXPECT_TRUE(Identical(got.weight, grad_weight));
+        EXPECT_TRUE(Identical(got.bias, grad_bias));
+        EXPECT_TRUE(Identical(got.x, grad_x));
+      } else {
+        EXPECT_TRUE(Near(got.weight, grad_weight, 1e-2));
+        EXPECT_TRUE(Near(got.bias, grad_bias, 1e-2));
+        EXPECT_TRUE(Near(got.x, grad_x, 1e-2));
+      }
+    }
+  }
+}
+
+TEST(Conv2dSmallImages, Fp32LargerOutputsAndGroupsRunLibTorchsConvolution) {
+  const auto node = [](torch::Dtype dtype, int64_t size, int64_t groups) {
+    const auto w = torch::randn({4, 4 / groups, 3, 3}, torch::dtype(dtype).requires_grad(true));
+    return kernels::conv2d(torch::randn({2, 4, size, size}, dtype), w, {}, {1, 1}, {1, 1}, {1, 1}, groups)
+        .grad_fn()
+        ->name();
+  };
+  EXPECT_TRUE(Contains(node(torch::kBFloat16, 2, 1), kOurNode));
+  EXPECT_EQ(node(torch::kFloat, 2, 1), "ConvolutionBackward0");     // fp32: oneDNN skips the padding
+  EXPECT_EQ(node(torch::kBFloat16, 3, 1), "ConvolutionBackward0");  // 9 output pixels
+  EXPECT_EQ(node(torch::kBFloat16, 2, 2), "ConvolutionBackward0");  // grouped
 }
 
 }  // namespace
