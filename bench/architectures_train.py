@@ -30,9 +30,8 @@ Each model is built with torch.manual_seed(0), compiled as its user would save i
                --python-channels-last and the memory allocator per --python-allocator (auto: every
                combination tried once for 20 steps, the layouts on models with a convolution, the
                fastest kept). PyTorch's CPU tuning guide names the allocator: glibc's default maps and
-               unmaps every large block, so each step page-faults its activations anew (ResNet-18
-               trained about 1.9x as fast with glibc keeping freed memory or with tcmalloc; jemalloc
-               halved it).
+               unmaps every large block, so each step page-faults its activations anew (up to 2.2x
+               for this side: BENCHMARKS.md, "A stronger Python side").
 
 Both sides are separate processes (the Python one is this script with --python-worker) and both
 figures are (--steps * batch) / seconds of the --steps steps after the first 5, which are warm-up
