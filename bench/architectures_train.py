@@ -338,6 +338,8 @@ def parse_args():
         parser.error(f"unknown models {unknown} (known: {', '.join(image_models.MODELS)})")
     if args.steps <= 0 or args.reps <= 0:
         parser.error("--steps and --reps must be positive")
+    if args.python_allocator == "tcmalloc" and not TCMALLOC.exists():
+        parser.error(f"--python-allocator tcmalloc: {TCMALLOC} is missing (apt-get install libtcmalloc-minimal4)")
     return args
 
 
