@@ -212,7 +212,7 @@ def python_run(args, name, model_file, settings, report, steps=None, evaluate=Tr
 
 def afterburner_python_run(args, name, model_file, report):
     """The Python loop with afterburner.optimize; its figure over all steps is the timed one."""
-    # optimize picks the layout; the allocator stays glibc's, as in a Python user's process
+    # optimize picks the layout and, for training, keeps freed memory; the process starts on glibc's defaults
     result = python_run(args, name, model_file, ("off", "glibc"), report, optimize=True)
     return {**result, "all_steps_samples_per_sec": result["train_samples_per_sec"]}
 

@@ -23,7 +23,10 @@ the module itself run; hooks on its submodules do not, as in any TorchScript for
   the weights stay float32), and returns float32 outputs unless the caller's own autocast is on.
   torch.optim.SGD and AdamW become afterburner.optim.FlatSGD and FlatAdamW, state and param
   groups carried over (others step as they are, on the copy's parameters). LR schedulers must be
-  made from the optimizer returned.
+  made from the optimizer returned. With an optimizer the process keeps freed memory from then on
+  (afterburner.heap.keep_freed_memory(), as `afterburner train` does), so each step reuses the last
+  one's activations instead of page-faulting them anew; afterburner.heap.release_freed_memory()
+  hands it back.
 - Inference (no optimizer, the model in evaluation mode): calls under torch.no_grad() or
   inference_mode run the model frozen, BatchNorm folded into convolutions, on oneDNN's layouts with
   prepacked weights (as `afterburner optimize` and `serve` run files), in bf16 if asked (taking
@@ -45,7 +48,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import jit
+from . import heap, jit
 from .optim import FlatAdamW, FlatSGD
 
 __all__ = ["optimize"]
@@ -75,6 +78,7 @@ def optimize(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] 
         _drop_scheduler_hook(optimizer)
     if optimizer is not None:
         optimizer = _fused_optimizer(optimizer)
+        heap.keep_freed_memory()
     layout = any(p.dim() == 4 for p in model.parameters()) if channels_last is None else channels_last
     if layout:
         with torch.no_grad():

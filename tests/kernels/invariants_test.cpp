@@ -216,6 +216,33 @@ OpCase one_pixel_conv_case() {
   return c;
 }
 
+// Shapes {N, C_in, C_out, H, W, kernel, stride, padding}: bf16 images of at most 4 output pixels,
+// whose weight gradient kernels::conv2d computes as one GEMM. The reference convolves in fp32 and
+// rounds to the op's dtype. Finite values only: the forward is LibTorch's bf16 convolution, which
+// on strided inputs of stride-2 layers makes NaN where the fp32 one makes an infinity; the
+// gradient's own NaN and infinities are checked in conv2d_test.
+OpCase small_image_conv_case() {
+  OpCase c{"conv2d on small images",
+          {P::bf16, P::autocast_bf16},
+          {{2, 8, 6, 2, 2, 3, 1, 1}, {3, 5, 7, 4, 4, 3, 2, 1}, {1, 6, 4, 2, 2, 3, 2, 1}, {2, 4, 3, 4, 4, 1, 2, 0}},
+          kImageLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            const auto x = in.random({s[0], s[1], s[3], s[4]}, l);
+            const auto w = in.random({s[2], s[1], s[5], s[5]}, L::contiguous);
+            const auto b = in.random({s[2]}, L::contiguous);
+            const int64_t stride = s[6], padding = s[7];
+            return Trial{[=] { return kernels::conv2d(x, w, b, {stride, stride}, {padding, padding}, {1, 1}, 1); },
+                         [=] {
+                           const auto f = [](const torch::Tensor& t) { return t.to(torch::kFloat); };
+                           const auto y = at::convolution(f(x), f(w), f(b), {stride, stride}, {padding, padding},
+                                                          {1, 1}, false, {0, 0}, 1);
+                           return in_autocast_dtype(y.to(x.scalar_type()));
+                         }};
+          }};
+  c.values = {Values::finite};
+  return c;
+}
+
 // Shapes {N, C, H, W, kernel}: sizes not divisible by the kernel leave rows and columns outside
 // every window (floor mode), whose gradient must be 0.
 const std::vector<Shape> kPoolShapes{{1, 1, 4, 4, 2}, {2, 3, 7, 9, 2}, {1, 5, 9, 6, 3},
@@ -421,7 +448,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
                                            differentiated_twice(linear_relu_module_case()),
                                            differentiated_twice(conv_relu_case(), {P::fp32}),
                                            differentiated_twice(depthwise_conv_case(), {P::fp32}),
-                                           differentiated_twice(one_pixel_conv_case(), {P::fp32}), relu_max_pool_case(),
+                                           differentiated_twice(one_pixel_conv_case(), {P::fp32}),
+                                           small_image_conv_case(), relu_max_pool_case(),
                                            relu_max_pool_overlapping_case(), relu_max_pool_module_case(),
                                            differentiated_twice(cross_entropy_case()),
                                            differentiated_twice(low_rank_case()), fuse_case(),
