@@ -13,13 +13,11 @@ bf16's rounding of the largest).
 
 Run it on a quiet machine: the load average is printed at start and end.
 """
-import time
-
 import torch
 
 import afterburner  # noqa: F401  (loads torch.ops.afterburner)
 from machine import cpu_description, load_description
-from op_timing import arguments, cells
+from op_timing import arguments, cells, seconds_per_call
 
 # name: (batch, in channels, out channels, image size, filter size, stride)
 SHAPES = {"layer3 3x3 256 on 2x2": (128, 256, 256, 2, 3, 1), "layer3 3x3 128->256 4x4 s2": (128, 128, 256, 4, 3, 2),
@@ -34,18 +32,12 @@ def forward_backward(conv, x, w, dy):
     return torch.autograd.grad(y, (x, w), dy)[1]
 
 
-def seconds_per_call(conv, x, w, dy, calls):
-    start = time.perf_counter()
-    for _ in range(calls):
-        forward_backward(conv, x, w, dy)
-    return (time.perf_counter() - start) / calls
-
-
 def main():
     args = arguments(__doc__)
     torch.set_num_threads(args.threads)
     print(f"{cpu_description()}; {args.threads} threads; {load_description()}")
-    print(f"{'layer (batch 128, channels_last)':32} {'torch forward+backward ms':>26} {'afterburner ms':>24} {'ratio':>6}")
+    print(f"{'layer (batch 128, channels_last)':32} {'torch forward+backward ms':>26}"
+          f" {'afterburner ms':>24} {'ratio':>6}")
     for name, (batch, channels, outputs, size, kernel, stride) in SHAPES.items():
         channels_last = torch.channels_last
         x = torch.randn(batch, channels, size, size).contiguous(memory_format=channels_last).requires_grad_()
@@ -61,7 +53,7 @@ def main():
             ours, theirs = forward_backward(sides["ours"], x, w, dy), forward_backward(sides["torch"], x, w, dy)
             assert ((ours - theirs).abs() <= theirs.abs().max() / 128).all(), name
             for side, conv in sides.items():
-                times[side].append(seconds_per_call(conv, x, w, dy, args.calls))
+                times[side].append(seconds_per_call(lambda: forward_backward(conv, x, w, dy), args.calls))
         torch_cell, our_cell, ratio = cells(times, 24)
         print(f"{name:32} {torch_cell:>26} {our_cell} {ratio:5.2f}x")
     print(f"at the end: {load_description()}")

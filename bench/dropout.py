@@ -10,23 +10,14 @@ here, bit for bit, every round).
 
 Run it on a quiet machine: the load average is printed at start and end.
 """
-import time
-
 import torch
 
 import afterburner  # noqa: F401  (loads torch.ops.afterburner)
 from machine import cpu_description, load_description
-from op_timing import arguments, cells
+from op_timing import arguments, cells, seconds_per_call
 
 SHAPES = {"attention weights [512, 28, 28]": (512, 28, 28), "activations [128, 28, 32]": (128, 28, 32),
           "feed-forward [128, 28, 64]": (128, 28, 64), "large [64, 1024, 256]": (64, 1024, 256)}
-
-
-def seconds_per_call(op, x, calls):
-    start = time.perf_counter()
-    for _ in range(calls):
-        op(x, 0.1, True)
-    return (time.perf_counter() - start) / calls
 
 
 def same_masks(x):
@@ -47,8 +38,8 @@ def main():
             times = {"torch": [], "ours": []}
             for _ in range(args.reps):
                 assert same_masks(x), "the masks differ"
-                times["torch"].append(seconds_per_call(torch.dropout, x, args.calls))
-                times["ours"].append(seconds_per_call(torch.ops.afterburner.dropout, x, args.calls))
+                times["torch"].append(seconds_per_call(lambda: torch.dropout(x, 0.1, True), args.calls))
+                times["ours"].append(seconds_per_call(lambda: torch.ops.afterburner.dropout(x, 0.1, True), args.calls))
             torch_cell, our_cell, ratio = cells(times, 24)
             print(f"{name:34} {str(dtype).split('.')[1]:9} {torch_cell} {our_cell} {ratio:5.1f}x")
     print(f"at the end: {load_description()}")

@@ -11,14 +11,12 @@ other every round (bf16: within one rounding).
 
 Run it on a quiet machine: the load average is printed at start and end.
 """
-import time
-
 import torch
 import torch.nn.functional as F
 
 import afterburner  # noqa: F401  (loads torch.ops.afterburner)
 from machine import cpu_description, load_description
-from op_timing import arguments, cells
+from op_timing import arguments, cells, seconds_per_call
 
 SHAPES = {"MLP [128, 17, 64]": (128, 17, 64), "MLP [128, 28, 64]": (128, 28, 64),
           "ConvNeXt [128, 7, 7, 256]": (128, 7, 7, 256), "ConvNeXt [64, 14, 14, 384]": (64, 14, 14, 384)}
@@ -26,13 +24,6 @@ SHAPES = {"MLP [128, 17, 64]": (128, 17, 64), "MLP [128, 28, 64]": (128, 28, 64)
 
 def forward_backward(gelu, x, dy):
     return torch.autograd.grad(gelu(x), x, dy)[0]
-
-
-def seconds_per_call(gelu, x, dy, calls):
-    start = time.perf_counter()
-    for _ in range(calls):
-        forward_backward(gelu, x, dy)
-    return (time.perf_counter() - start) / calls
 
 
 def main():
@@ -51,7 +42,7 @@ def main():
                 bound = 1e-5 if dtype == torch.float32 else 1 / 128
                 assert ((ours.double() - theirs.double()).abs() <= bound * theirs.double().abs().clamp_min(1)).all()
                 for side, gelu in sides.items():
-                    times[side].append(seconds_per_call(gelu, x, dy, args.calls))
+                    times[side].append(seconds_per_call(lambda: forward_backward(gelu, x, dy), args.calls))
             torch_cell, our_cell, ratio = cells(times, 24)
             print(f"{name:28} {str(dtype).split('.')[1]:9} {torch_cell:>26} {our_cell} {ratio:5.2f}x")
     print(f"at the end: {load_description()}")

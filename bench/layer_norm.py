@@ -13,14 +13,12 @@ out). In one process, alternating; median, min and max of each side over --reps 
 
 Run it on a quiet machine: the load average is printed at start and end.
 """
-import time
-
 import torch
 import torch.nn.functional as F
 
 import afterburner  # noqa: F401  (loads torch.ops.afterburner)
 from machine import cpu_description, load_description
-from op_timing import arguments, cells
+from op_timing import arguments, cells, seconds_per_call
 
 SHAPES = {"ViT tokens [2176, 32]": (2176, 32), "attention [3584, 32]": (3584, 32),
           "ConvNeXt [6272, 32]": (6272, 32), "ConvNeXt [1152, 64]": (1152, 64)}
@@ -43,15 +41,6 @@ def autocast_for(layer_norm, x):
 def forward_backward(layer_norm, x, weight, bias, dy):
     with autocast_for(layer_norm, x):
         return torch.autograd.grad(layer_norm(x, weight, bias), (x, weight, bias), dy)
-
-
-def seconds_per_call(layer_norm, tensors, calls):
-    x, weight, bias, dy = tensors
-    with autocast_for(layer_norm, x):
-        start = time.perf_counter()
-        for _ in range(calls):
-            torch.autograd.grad(layer_norm(x, weight, bias), (x, weight, bias), dy)
-        return (time.perf_counter() - start) / calls
 
 
 def agree(ours, theirs, dtype):
@@ -77,7 +66,7 @@ def main():
                 assert agree(forward_backward(our_layer_norm, *tensors), forward_backward(torch_layer_norm, *tensors),
                              dtype)
                 for side, layer_norm in sides.items():
-                    times[side].append(seconds_per_call(layer_norm, tensors, args.calls))
+                    times[side].append(seconds_per_call(lambda: forward_backward(layer_norm, *tensors), args.calls))
             torch_cell, our_cell, ratio = cells(times, 24)
             print(f"{name:24} {str(dtype).split('.')[1]:9} {torch_cell:>26} {our_cell} {ratio:5.2f}x")
     print(f"at the end: {load_description()}")

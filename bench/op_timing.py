@@ -1,7 +1,9 @@
-"""What the one-op benchmarks (dropout.py, gelu.py) share: their arguments and a row's cells,
-median [min, max] of each side's milliseconds per call, and the ratio."""
+"""What the one-op benchmarks (dropout.py, gelu.py, layer_norm.py, conv_small_images.py) share:
+their arguments, the timing of a call, and a row's cells, median [min, max] of each side's
+milliseconds per call, and the ratio."""
 import argparse
 import statistics
+import time
 
 
 def arguments(doc):
@@ -10,6 +12,14 @@ def arguments(doc):
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
     return parser.parse_args()
+
+
+def seconds_per_call(call, calls):
+    """The mean seconds of `calls` calls of call()."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - start) / calls
 
 
 def cells(times, width):
