@@ -13,11 +13,13 @@ bf16's rounding of the largest).
 
 Run it on a quiet machine: the load average is printed at start and end.
 """
+from functools import partial
+
 import torch
 
 import afterburner  # noqa: F401  (loads torch.ops.afterburner)
 from machine import cpu_description, load_description
-from op_timing import arguments, cells, seconds_per_call
+from op_timing import alternating_times, arguments, cells
 
 # name: (batch, in channels, out channels, image size, filter size, stride)
 SHAPES = {"layer3 3x3 256 on 2x2": (128, 256, 256, 2, 3, 1), "layer3 3x3 128->256 4x4 s2": (128, 128, 256, 4, 3, 2),
@@ -48,12 +50,13 @@ def main():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out_size = sides["torch"](x, w).shape[2:]
         dy = torch.randn(batch, outputs, *out_size, dtype=torch.bfloat16).contiguous(memory_format=channels_last)
-        times = {side: [] for side in sides}
-        for _ in range(args.reps):
+
+        def check():
             ours, theirs = forward_backward(sides["ours"], x, w, dy), forward_backward(sides["torch"], x, w, dy)
             assert ((ours - theirs).abs() <= theirs.abs().max() / 128).all(), name
-            for side, conv in sides.items():
-                times[side].append(seconds_per_call(lambda: forward_backward(conv, x, w, dy), args.calls))
+
+        calls = {side: partial(forward_backward, conv, x, w, dy) for side, conv in sides.items()}
+        times = alternating_times(calls, check, args.reps, args.calls)
         torch_cell, our_cell, ratio = cells(times, 24)
         print(f"{name:32} {torch_cell:>26} {our_cell} {ratio:5.2f}x")
     print(f"at the end: {load_description()}")

@@ -10,11 +10,13 @@ here, bit for bit, every round).
 
 Run it on a quiet machine: the load average is printed at start and end.
 """
+from functools import partial
+
 import torch
 
 import afterburner  # noqa: F401  (loads torch.ops.afterburner)
 from machine import cpu_description, load_description
-from op_timing import arguments, cells, seconds_per_call
+from op_timing import alternating_times, arguments, cells
 
 SHAPES = {"attention weights [512, 28, 28]": (512, 28, 28), "activations [128, 28, 32]": (128, 28, 32),
           "feed-forward [128, 28, 64]": (128, 28, 64), "large [64, 1024, 256]": (64, 1024, 256)}
@@ -35,11 +37,13 @@ def main():
     for name, shape in SHAPES.items():
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(shape).to(dtype)
-            times = {"torch": [], "ours": []}
-            for _ in range(args.reps):
+
+            def check():
                 assert same_masks(x), "the masks differ"
-                times["torch"].append(seconds_per_call(lambda: torch.dropout(x, 0.1, True), args.calls))
-                times["ours"].append(seconds_per_call(lambda: torch.ops.afterburner.dropout(x, 0.1, True), args.calls))
+
+            calls = {"torch": partial(torch.dropout, x, 0.1, True),
+                     "ours": partial(torch.ops.afterburner.dropout, x, 0.1, True)}
+            times = alternating_times(calls, check, args.reps, args.calls)
             torch_cell, our_cell, ratio = cells(times, 24)
             print(f"{name:34} {str(dtype).split('.')[1]:9} {torch_cell} {our_cell} {ratio:5.1f}x")
     print(f"at the end: {load_description()}")

@@ -11,12 +11,14 @@ other every round (bf16: within one rounding).
 
 Run it on a quiet machine: the load average is printed at start and end.
 """
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
 import afterburner  # noqa: F401  (loads torch.ops.afterburner)
 from machine import cpu_description, load_description
-from op_timing import arguments, cells, seconds_per_call
+from op_timing import alternating_times, arguments, cells
 
 SHAPES = {"MLP [128, 17, 64]": (128, 17, 64), "MLP [128, 28, 64]": (128, 28, 64),
           "ConvNeXt [128, 7, 7, 256]": (128, 7, 7, 256), "ConvNeXt [64, 14, 14, 384]": (64, 14, 14, 384)}
@@ -36,13 +38,14 @@ def main():
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(shape).to(dtype).requires_grad_()
             dy = torch.randn(shape).to(dtype)
-            times = {side: [] for side in sides}
-            for _ in range(args.reps):
+
+            def check():
                 ours, theirs = forward_backward(sides["ours"], x, dy), forward_backward(sides["torch"], x, dy)
                 bound = 1e-5 if dtype == torch.float32 else 1 / 128
                 assert ((ours.double() - theirs.double()).abs() <= bound * theirs.double().abs().clamp_min(1)).all()
-                for side, gelu in sides.items():
-                    times[side].append(seconds_per_call(lambda: forward_backward(gelu, x, dy), args.calls))
+
+            calls = {side: partial(forward_backward, gelu, x, dy) for side, gelu in sides.items()}
+            times = alternating_times(calls, check, args.reps, args.calls)
             torch_cell, our_cell, ratio = cells(times, 24)
             print(f"{name:28} {str(dtype).split('.')[1]:9} {torch_cell:>26} {our_cell} {ratio:5.2f}x")
     print(f"at the end: {load_description()}")

@@ -13,12 +13,14 @@ out). In one process, alternating; median, min and max of each side over --reps 
 
 Run it on a quiet machine: the load average is printed at start and end.
 """
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
 import afterburner  # noqa: F401  (loads torch.ops.afterburner)
 from machine import cpu_description, load_description
-from op_timing import arguments, cells, seconds_per_call
+from op_timing import alternating_times, arguments, cells
 
 SHAPES = {"ViT tokens [2176, 32]": (2176, 32), "attention [3584, 32]": (3584, 32),
           "ConvNeXt [6272, 32]": (6272, 32), "ConvNeXt [1152, 64]": (1152, 64)}
@@ -61,12 +63,13 @@ def main():
             weight = torch.randn(shape[1]).requires_grad_()
             bias = torch.randn(shape[1]).requires_grad_()
             tensors = (x, weight, bias, torch.randn(shape))
-            times = {side: [] for side in sides}
-            for _ in range(args.reps):
+
+            def check():
                 assert agree(forward_backward(our_layer_norm, *tensors), forward_backward(torch_layer_norm, *tensors),
                              dtype)
-                for side, layer_norm in sides.items():
-                    times[side].append(seconds_per_call(lambda: forward_backward(layer_norm, *tensors), args.calls))
+
+            calls = {side: partial(forward_backward, layer_norm, *tensors) for side, layer_norm in sides.items()}
+            times = alternating_times(calls, check, args.reps, args.calls)
             torch_cell, our_cell, ratio = cells(times, 24)
             print(f"{name:24} {str(dtype).split('.')[1]:9} {torch_cell:>26} {our_cell} {ratio:5.2f}x")
     print(f"at the end: {load_description()}")

@@ -1,5 +1,6 @@
-"""What the one-op benchmarks (dropout.py, gelu.py, layer_norm.py, conv_small_images.py) share:
-their arguments, the timing of a call, and a row's cells, median [min, max] of each side's
+"""What the one-op benchmarks (dropout.py, gelu.py, layer_norm.py, conv_small_images.py,
+add_activation.py) share: their arguments, the timing of a call, the rounds that check and time
+the sides in turn, and a row's cells, median [min, max] of each side's
 milliseconds per call, and the ratio."""
 import argparse
 import statistics
@@ -20,6 +21,17 @@ def seconds_per_call(call, calls):
     for _ in range(calls):
         call()
     return (time.perf_counter() - start) / calls
+
+
+def alternating_times(calls_by_side, check, reps, calls):
+    """{side: [seconds per call, one per round]} over `reps` rounds: each round runs check() (which
+    asserts that the sides agree), then times `calls` calls of each side's call() in turn."""
+    times = {side: [] for side in calls_by_side}
+    for _ in range(reps):
+        check()
+        for side, call in calls_by_side.items():
+            times[side].append(seconds_per_call(call, calls))
+    return times
 
 
 def cells(times, width):

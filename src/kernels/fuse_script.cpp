@@ -140,6 +140,60 @@ void rewrite(std::shared_ptr<jit::Graph>& graph, const Pattern& pattern) {
   }
 }
 
+// A residual sum and its activation, `relu(a + b)` or `silu(a + b)` (in place or not): the two
+// terms computed tensors (not a scalar, which a trace records as a constant tensor), alpha the
+// constant 1 and the sum read by the activation alone.
+bool residual_sum(const jit::Match& match, const Values& values) {
+  const auto alpha = jit::toIValue(match.values_map.at(values.at("alpha")));
+  const bool unit =
+      alpha && ((alpha->isInt() && alpha->toInt() == 1) || (alpha->isDouble() && alpha->toDouble() == 1.0));
+  const auto computed_tensor = [&](const char* name) {
+    const jit::Value* value = match.values_map.at(values.at(name));
+    return value->type()->cast<c10::TensorType>() && value->node()->kind() != c10::prim::Constant;
+  };
+  return unit && computed_tensor("a") && computed_tensor("b") &&
+         match.values_map.at(values.at("s"))->uses().size() == 1;
+}
+
+// Whether an op of the graph writes `value` in place (add_, relu_, copy_, ...).
+bool written_in_place(const jit::Value* value) {
+  for (const jit::Use& use : value->uses()) {
+    const c10::FunctionSchema* schema = use.user->maybeSchema();
+    if (schema == nullptr || use.offset >= schema->arguments().size()) continue;
+    const c10::AliasInfo* alias = schema->arguments()[use.offset].alias_info();
+    if (alias != nullptr && alias->isWrite()) return true;
+  }
+  return false;
+}
+
+// A SiLU's gradient is formed from the two terms, which the fused op keeps where eager's ops keep
+// the sum: a term written in place later would fail autograd's check where eager's would not.
+bool residual_sum_of_terms_kept(const jit::Match& match, const Values& values) {
+  return residual_sum(match, values) && !written_in_place(match.values_map.at(values.at("a"))) &&
+         !written_in_place(match.values_map.at(values.at("b")));
+}
+
+void fuse_add_activations(std::shared_ptr<jit::Graph>& graph) {
+  for (const char* activation : {"relu", "silu"}) {
+    for (const char* in_place : {"", "_"}) {
+      jit::SubgraphRewriter rewriter;
+      rewriter.RegisterRewritePattern(fmt::format(R"(
+graph(%a, %b, %alpha):
+  %s = aten::add(%a, %b, %alpha)
+  %y = aten::{}{}(%s)
+  return (%y))",
+                                                  activation, in_place),
+                                      fmt::format(R"(
+graph(%a, %b, %alpha):
+  %activation : str = prim::Constant[value="{}"]()
+  %y = afterburner::add_activation(%a, %b, %activation)
+  return (%y))",
+                                                  activation));
+      rewriter.runOnGraph(graph, activation == std::string("silu") ? residual_sum_of_terms_kept : residual_sum);
+    }
+  }
+}
+
 int count(const std::shared_ptr<jit::Graph>& graph, c10::Symbol kind) {
   int n = 0;
   jit::DepthFirstGraphNodeIterator nodes(const_cast<std::shared_ptr<jit::Graph>&>(graph));
@@ -263,12 +317,14 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
        {&kReluMaxPool, &kConvRelu, &kTracedConvRelu, &kLinearRelu, &kConv, &kTracedConv}) {
     rewrite(graph, *pattern);
   }
+  fuse_add_activations(graph);
   if (attention.fused) fused.push_back(fmt::format("{} x multi-head attention", attention.fused));
   notices.insert(notices.end(), attention.notices.begin(), attention.notices.end());
   using Kind = std::pair<const char*, const char*>;
   for (const auto& [op, what] : {Kind{"afterburner::relu_max_pool2d", "relu + max_pool2d"},
                                  Kind{"afterburner::conv2d_relu", "conv2d + relu"},
                                  Kind{"afterburner::linear_relu", "linear + relu"},
+                                 Kind{"afterburner::add_activation", "add + activation"},
                                  Kind{"afterburner::conv2d", "conv2d"},
                                  Kind{"afterburner::dropout", "dropout"},
                                  Kind{"afterburner::gelu", "gelu"},
@@ -276,8 +332,8 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
     if (const int n = count(graph, c10::Symbol::fromQualString(op))) fused.push_back(fmt::format("{} x {}", n, what));
   }
   if (const int left = count(graph, c10::aten::relu) + count(graph, c10::aten::relu_)) {
-    notices.push_back(fmt::format("{} relu(s) left unfused: not after a conv2d or linear nor before a max_pool2d, "
-                                  "or their input has other uses",
+    notices.push_back(fmt::format("{} relu(s) left unfused: not after a conv2d, linear or add nor before a "
+                                  "max_pool2d, or their input has other uses",
                                   left));
   }
 }

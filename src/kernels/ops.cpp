@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "afterburner/core/error.h"
+#include "afterburner/kernels/add_activation.h"
 #include "afterburner/kernels/attention.h"
 #include "afterburner/kernels/dropout.h"
 #include "afterburner/kernels/conv_relu.h"
@@ -54,6 +55,10 @@ torch::Tensor conv2d_relu_op(const torch::Tensor& x, const torch::Tensor& weight
 torch::Tensor conv2d_op(const torch::Tensor& x, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias,
                         at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
   return conv2d(x, weight, or_undefined(bias), stride, padding, dilation, groups);
+}
+
+torch::Tensor add_activation_op(const torch::Tensor& a, const torch::Tensor& b, c10::string_view activation) {
+  return add_activation(a, b, activation_named(std::string(activation), "activation"));
 }
 
 torch::Tensor layer_norm_op(const torch::Tensor& x, at::IntArrayRef normalized_shape,
@@ -159,6 +164,10 @@ TORCH_LIBRARY(afterburner, m) {
   m.def("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, "
         "bool bf16_for_autocast=False) -> Tensor");
   register_kernels<layer_norm_op>(m, "layer_norm");
+  // activation(a + b) for activation "relu" or "silu", as eager LibTorch computes the two ops (the
+  // sum in the dtype a and b promote to), in one pass each way (kernels::add_activation).
+  m.def("add_activation(Tensor a, Tensor b, str activation) -> Tensor");
+  register_kernels<add_activation_op>(m, "add_activation");
   // One in-place step of torch.optim.SGD / AdamW over all the tensors given, in one fused pass
   // (kernels::sgd_step / adamw_step); run under no_grad, as optimizers step.
   m.def("sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, bool[] fresh, float lr, "

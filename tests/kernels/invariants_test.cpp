@@ -4,8 +4,8 @@
 //
 // Precisions: all ops fp32; bf16 tensors for all but the optimizers (FlatSGD/FlatAdamW refuse
 // them: fp32 master weights only, tested below); bf16 autocast for the ops that follow autocast
-// (linear_relu, Conv2dReLU, low_rank_linear, fuse, attention, gelu, layer_norm); fp64 where the op has a
-// path of its own (gelu's and layer_norm's are LibTorch's).
+// (linear_relu, Conv2dReLU, low_rank_linear, fuse, attention, gelu, layer_norm, add_activation); fp64 where the
+// op has a path of its own (gelu's, layer_norm's and add_activation's are LibTorch's).
 // mm and addmm are the building blocks inside autograd functions and run there in the dtype they
 // are given, and addmm_fused serves inference graphs in theirs, so they are checked on fp32, bf16
 // and fp64 tensors rather than under autocast.
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "afterburner/kernels/add_activation.h"
 #include "afterburner/kernels/attention.h"
 #include "afterburner/kernels/conv_relu.h"
 #include "afterburner/kernels/cross_entropy.h"
@@ -309,6 +310,25 @@ OpCase gelu_case() {
           }};
 }
 
+// Shapes {N, C, H, W} as gelu's; both terms in one layout (the kernel's), the expanded one LibTorch's.
+OpCase add_activation_case(kernels::Activation activation, const char* name) {
+  return {name,
+          {P::fp32, P::bf16, P::autocast_bf16, P::fp64},
+          {{1, 1, 1, 1}, {2, 3, 5, 7}, {1, 1, 1, 37}, {2, 8, 64, 65}},
+          kImageLayouts,
+          [activation](Inputs& in, const Shape& s, Layout l) {
+            const auto a = in.random({s[0], s[1], s[2], s[3]}, l), b = in.random({s[0], s[1], s[2], s[3]}, l);
+            return Trial{[=] { return kernels::add_activation(a, b, activation); },
+                         [=] {
+                           const bool relu = activation == kernels::Activation::relu;
+                           return relu ? torch::relu(a + b) : torch::silu(a + b);
+                         }};
+          }};
+}
+
+OpCase add_relu_case() { return add_activation_case(kernels::Activation::relu, "add + relu"); }
+OpCase add_silu_case() { return add_activation_case(kernels::Activation::silu, "add + silu"); }
+
 // Shapes {rows, features, affine}: one row, a tail of 5 after two 16-lane blocks, three 64-row
 // blocks of the weight's partial sums, no weight and bias. A row of equal values (the expanded
 // layout's) has variance 0, and rstd = 1 / sqrt(eps) = 316 magnifies the roundings of its mean:
@@ -454,6 +474,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
                                            differentiated_twice(cross_entropy_case()),
                                            differentiated_twice(low_rank_case()), fuse_case(),
                                            gelu_case(), second_order_of(gelu_case()), layer_norm_case(),
+                                           add_relu_case(), second_order_of(add_relu_case()), add_silu_case(),
+                                           second_order_of(add_silu_case()),
                                            attention_case(),
                                            second_order_of(attention_case(), {{2, 3, 7, 5, 8, 1, 0, 0},
                                                                               {1, 1, 67, 131, 8, 1, 1, 0},

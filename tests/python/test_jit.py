@@ -36,6 +36,23 @@ def compiled(kind, model):
     return torch.jit.trace(model, torch.randn(2, 1, 28, 28), check_trace=False)  # Dropout differs call to call
 
 
+def assert_trains_as(fused, x, autocast, want, want_grads, output_bound, gradient_bound):
+    """fused(x) under `autocast` and its parameters' gradients of sum(output^2), called twice: within
+    the bounds (times the largest magnitude) of `want` and of each of `want_grads`, and the same
+    bits the second time."""
+    first = None
+    for _ in range(2):
+        with autocast:
+            got = fused(x)
+        got_grads = torch.autograd.grad(got.float().square().sum(), list(fused.parameters()))
+        torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=output_bound * want.abs().max().item())
+        for g, w in zip(got_grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=0, atol=gradient_bound * w.abs().max().item())
+        if first is not None:
+            assert torch.equal(got, first[0]) and all(torch.equal(a, b) for a, b in zip(got_grads, first[1]))
+        first = (got, got_grads)
+
+
 @pytest.mark.parametrize("kind", ["script", "trace"])
 @pytest.mark.parametrize("batch", [1, 3, 64])
 def test_fused_copy_computes_and_trains_as_the_module(kind, batch):
@@ -98,7 +115,7 @@ def test_what_does_not_fuse_is_said_and_bad_input_is_one_error():
 
     module = torch.jit.script(Residual())
     fused, report = jit.fuse(module)
-    assert report.notices == ["1 relu(s) left unfused: not after a conv2d or linear nor before a max_pool2d, "
+    assert report.notices == ["1 relu(s) left unfused: not after a conv2d, linear or add nor before a max_pool2d, "
                               "or their input has other uses"]
     x = torch.randn(2, 4, 5, 5)
     torch.testing.assert_close(fused(x), module(x))
@@ -168,25 +185,14 @@ def test_gelu_runs_torchs_forward_and_afterburners_gradient(kind, precision, bat
     assert graph.count("afterburner::gelu(") == 2 and graph.count("aten::gelu(") == 1, graph  # the tanh one
     x = torch.randn(batch, 12)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
-    first = None
-    for _ in range(2):  # a second call gives the same answer
-        with autocast:
-            got = fused(x)
-        got_grads = torch.autograd.grad(got.float().square().sum(), list(fused.parameters()))
-        with autocast:
-            want = model(x)
-        want_grads = torch.autograd.grad(want.float().square().sum(), list(model.parameters()))
-        # fp32: the forward is LibTorch's own, bit for bit, and the gradients a few ulps apart. bf16:
-        # a scripted module under autocast rounds otherwise than the eager one (fused or not), and
-        # the GELU gradient is rounded once.
-        bound = {"fp32": 0.0, "bf16": 2e-2}[precision] * want.abs().max().item()
-        torch.testing.assert_close(got, want, rtol=0, atol=bound)
-        for g, w in zip(got_grads, want_grads):
-            tolerance = {"fp32": 1e-5, "bf16": 2e-2}[precision] * w.abs().max().item()
-            torch.testing.assert_close(g, w, rtol=0, atol=tolerance)
-        if first is not None:
-            assert torch.equal(got, first[0]) and all(torch.equal(a, b) for a, b in zip(got_grads, first[1]))
-        first = (got, got_grads)
+    with autocast:
+        want = model(x)
+    want_grads = torch.autograd.grad(want.float().square().sum(), list(model.parameters()))
+    # fp32: the forward is LibTorch's own, bit for bit, and the gradients a few ulps apart. bf16: a
+    # scripted module under autocast rounds otherwise than the eager one (fused or not), and the
+    # GELU gradient is rounded once.
+    assert_trains_as(fused, x, autocast, want, want_grads, {"fp32": 0.0, "bf16": 2e-2}[precision],
+                     {"fp32": 1e-5, "bf16": 2e-2}[precision])
 
 
 class Norms(torch.nn.Module):
@@ -218,18 +224,72 @@ def test_layer_norm_trains_as_the_modules(kind, precision, batch):
     x = torch.randn(batch, 12)
     want = model(x)
     want_grads = torch.autograd.grad(want.square().sum(), list(model.parameters()))
-    first = None
-    for _ in range(2):  # a second call gives the same answer
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            got = fused(x)
-        got_grads = torch.autograd.grad(got.float().square().sum(), list(fused.parameters()))
-        bound = {"fp32": 1e-5, "bf16": 5e-2}[precision]
-        torch.testing.assert_close(got.float(), want, rtol=0, atol=bound * want.abs().max().item())
-        for g, w in zip(got_grads, want_grads):
-            torch.testing.assert_close(g, w, rtol=0, atol=bound * w.abs().max().item())
-        if first is not None:
-            assert torch.equal(got, first[0]) and all(torch.equal(a, b) for a, b in zip(got_grads, first[1]))
-        first = (got, got_grads)
+    bound = {"fp32": 1e-5, "bf16": 5e-2}[precision]
+    assert_trains_as(fused, x, torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"), want,
+                     want_grads, bound, bound)
+
+
+class ResidualSums(torch.nn.Module):
+    """Residual sums and their activations as users write them: SiLU of a BatchNorm'd convolution
+    plus the input, relu of two branches, an in-place relu; and three that stay: a scalar added, an
+    alpha and a sum read twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.skip = torch.nn.Conv2d(4, 4, 1)
+        self.head = torch.nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, x):
+        y = F.silu(self.bn(self.conv(x)) + x)
+        z = torch.relu(y + self.skip(x))
+        z = F.relu(z + y, inplace=True)
+        s = z + y
+        kept = torch.relu(z + 1.0) + torch.add(z, y, alpha=2).relu() + torch.relu(s) * s
+        return self.head(kept.flatten(1))
+
+
+@pytest.mark.parametrize("kind", ["script", "trace"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("batch", [1, 7, 64])
+def test_residual_sums_and_their_activations_train_as_the_modules(kind, precision, batch):
+    """bf16 against the eager module under autocast, which adds in bf16 as the fused op does."""
+    torch.manual_seed(0)
+    model = ResidualSums()
+    module = torch.jit.script(model) if kind == "script" else torch.jit.trace(model, torch.randn(2, 4, 6, 6))
+    fused, report = jit.fuse(module)
+    assert "3 x add + activation" in report.fused, report
+    assert str(fused.graph).count("afterburner::add_activation(") == 3
+    x = torch.randn(batch, 4, 6, 6)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    with autocast:
+        want = model(x)
+    want_grads = torch.autograd.grad(want.float().square().sum(), list(model.parameters()))
+    bound = {"fp32": 1e-5, "bf16": 3e-2}[precision]
+    assert_trains_as(fused, x, autocast, want, want_grads, bound, bound)
+
+
+class WrittenTerm(torch.nn.Module):
+    """A term written in place after its sum: relu keeps its output for the gradient, SiLU would
+    keep the terms, so that sum stays LibTorch's (whose SiLU keeps the sum)."""
+
+    def forward(self, x):
+        h = x * 2
+        y = torch.relu(h + x) + F.silu(h + x)
+        h.add_(1)
+        return y * h
+
+
+def test_a_sum_whose_term_is_written_in_place_later_keeps_its_silu_and_trains():
+    module = torch.jit.script(WrittenTerm())
+    fused, report = jit.fuse(module)
+    assert report.fused == ["1 x add + activation"], report
+    assert "aten::silu(" in str(fused.graph)
+    x = torch.randn(3, 5, requires_grad=True)
+    got = torch.autograd.grad(fused(x).sum(), x)[0]
+    want = torch.autograd.grad(WrittenTerm()(x).sum(), x)[0]
+    torch.testing.assert_close(got, want)
 
 
 class InvertedResidual(torch.nn.Module):
