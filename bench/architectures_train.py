@@ -4,7 +4,7 @@ one-channel stem, transformers, the model of issue 25), `afterburner train` on t
 model file against Python PyTorch's best practice on the same model, alternating in one run;
 per model the medians, spread and the ratio pair by pair, then a table and the geometric mean.
 
-    /usr/bin/python3 bench/architectures_train.py [--build build] [--reps 3] [--steps 200]
+    /usr/bin/python3 bench/architectures_train.py [--build build] [--reps 3] [--steps 200 | --epoch]
         [--precision bf16] [--batch-size 128] [--python-channels-last auto] [--python-allocator auto]
         [--afterburner-flags="--channels-last"]
         [--afterburner-side cli|python]
@@ -32,6 +32,12 @@ Each model is built with torch.manual_seed(0), compiled as its user would save i
                fastest kept). PyTorch's CPU tuning guide names the allocator: glibc's default maps and
                unmaps every large block, so each step page-faults its activations anew (up to 2.2x
                for this side: BENCHMARKS.md, "A stronger Python side").
+
+Pair i trains with seed i on both sides (afterburner's --seed; torch.manual_seed on the Python
+side once the weights are loaded): each pair draws its own batches and dropout masks, so the test
+accuracies of the pairs show the spread that seeds alone make. --epoch trains one whole epoch of
+Fashion-MNIST (468 batches of 128, the last partial one dropped on both sides) instead of
+--steps: the accuracy comparison, median [min, max] over the pairs in the table.
 
 Both sides are separate processes (the Python one is this script with --python-worker) and both
 figures are (--steps * batch) / seconds of the --steps steps after the first 5, which are warm-up
@@ -71,6 +77,7 @@ import image_models  # noqa: E402  (found through the path above)
 DEFAULT_MODELS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "convnext", "vision_transformer",
                   "residual_attention", "rows_transformer")
 WARMUP_STEPS = 5
+TRAIN_SAMPLES = 60_000  # Fashion-MNIST's training set, for --epoch
 PROBE_STEPS = 20  # per layout and allocator, for --python-channels-last/--python-allocator auto
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4
 # The environment each allocator of the Python side runs with. glibc-kept keeps freed memory in the
@@ -181,10 +188,12 @@ def python_worker(argv):
     parser.add_argument("--channels-last", choices=("on", "off"), required=True)
     parser.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--afterburner-optimize", action="store_true")
+    parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--report", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(THREADS)
     model = eager_model(args.model, args.model_file)
+    torch.manual_seed(args.seed)  # the batches and dropout masks
     if args.precision == "bf16" and autocast_lacks_bf16_layer_norm() and not args.afterburner_optimize:
         layer_norms_in_fp32(model)  # afterburner's forward is TorchScript's, which runs no Python hooks
     images, labels = normalised_images("train")
@@ -198,27 +207,28 @@ def python_worker(argv):
 
 # ---- the driver ----
 
-def python_run(args, name, model_file, settings, report, steps=None, evaluate=True, optimize=False):
+def python_run(args, name, model_file, settings, report, seed, steps=None, evaluate=True, optimize=False):
     """settings: (channels_last "on" or "off", a PYTHON_ALLOCATORS key)."""
     channels_last, allocator = settings
     command = ["/usr/bin/python3", str(Path(__file__).resolve()), "--python-worker", "--model", name,
                "--model-file", model_file, "--precision", args.precision, "--steps", str(steps or args.steps),
                "--batch-size", str(args.batch_size), "--channels-last", channels_last, "--report", report,
+               "--seed", str(seed),
                "--evaluate" if evaluate else "--no-evaluate"] + (["--afterburner-optimize"] if optimize else [])
     package = str((Path(args.build) / "python").resolve())  # the afterburner package built there
     env = {**os.environ, **PYTHON_ALLOCATORS[allocator], **({"PYTHONPATH": package} if optimize else {})}
     return run_json(command, report, env)
 
 
-def afterburner_python_run(args, name, model_file, report):
+def afterburner_python_run(args, name, model_file, report, seed):
     """The Python loop with afterburner.optimize; its figure over all steps is the timed one."""
     # optimize picks the layout and, for training, keeps freed memory; the process starts on glibc's defaults
-    result = python_run(args, name, model_file, ("off", "glibc"), report, optimize=True)
+    result = python_run(args, name, model_file, ("off", "glibc"), report, seed, optimize=True)
     return {**result, "all_steps_samples_per_sec": result["train_samples_per_sec"]}
 
 
-def afterburner_run(args, model_file, report, steps_log):
-    command = [str(Path(args.build) / "afterburner"), "train", "--model", model_file,
+def afterburner_run(args, model_file, report, steps_log, seed):
+    command = [str(Path(args.build) / "afterburner"), "train", "--model", model_file, "--seed", str(seed),
                "--precision", args.precision, "--max-steps", str(WARMUP_STEPS + args.steps), "--epochs", "1",
                "--batch-size", str(args.batch_size), "--threads", str(THREADS), "--progress", "none",
                "--report", report, "--log-jsonl", steps_log, "--optimizer", "sgd", *shlex.split(args.afterburner_flags)]
@@ -255,8 +265,8 @@ def python_settings(args, name, model_file, report):
     candidates = [(layout, allocator) for layout in layouts for allocator in allocators]
     if len(candidates) == 1:
         return candidates[0]
-    speeds = {c: python_run(args, name, model_file, c, report, PROBE_STEPS, evaluate=False)["train_samples_per_sec"]
-              for c in candidates}
+    probes = {c: python_run(args, name, model_file, c, report, 0, PROBE_STEPS, evaluate=False) for c in candidates}
+    speeds = {c: probe["train_samples_per_sec"] for c, probe in probes.items()}
     choice = max(speeds, key=speeds.get)
     tried = ", ".join(f"channels_last {layout} + {allocator} {speed:.0f}" for (layout, allocator), speed in speeds.items())
     print(f"  python: channels_last {choice[0]}, {choice[1]} ({tried} samples/s over {PROBE_STEPS} steps)")
@@ -279,12 +289,13 @@ def compare_model(args, name, tmp):
     pairs = []
 
     def python():
-        pairs.append([python_run(args, name, model_file, settings, report)])
+        pairs.append([python_run(args, name, model_file, settings, report, seed=len(pairs))])
         return pairs[-1][0]
 
     def afterburner():
-        ours = (afterburner_python_run(args, name, model_file, report) if args.afterburner_side == "python"
-                else afterburner_run(args, model_file, report, steps_log))
+        seed = len(pairs) - 1  # the pair's, as its Python run's
+        ours = (afterburner_python_run(args, name, model_file, report, seed) if args.afterburner_side == "python"
+                else afterburner_run(args, model_file, report, steps_log, seed))
         pairs[-1].append(ours)
         theirs = pairs[-1][0]
         print(f"  pair {len(pairs)}: afterburner {ours['train_samples_per_sec']:7.0f} samples/s"
@@ -297,24 +308,32 @@ def compare_model(args, name, tmp):
     return pairs
 
 
+def accuracy_cell(reports):
+    """The test accuracies of the pairs' runs of one side: median [min, max]."""
+    accuracies = [r["test_accuracy"] for r in reports]
+    return f"{statistics.median(accuracies):.4f} [{min(accuracies):.4f}, {max(accuracies):.4f}]"
+
+
 def summary_row(name, pairs):
     python = statistics.median(p["train_samples_per_sec"] for p, _ in pairs)
     ours = statistics.median(a["train_samples_per_sec"] for _, a in pairs)
     ratio = statistics.median(a["train_samples_per_sec"] / p["train_samples_per_sec"] for p, a in pairs)
-    return name, ours, python, ratio
+    return name, ours, python, ratio, accuracy_cell(a for _, a in pairs), accuracy_cell(p for p, _ in pairs)
 
 
 def print_table(args, rows, failures):
     side = "afterburner.optimize in Python" if args.afterburner_side == "python" else "afterburner train --model"
-    print(f"\n{side} against Python, {args.precision}, batch {args.batch_size}, {args.steps} timed steps, "
-          f"medians of {args.reps} pairs")
-    print(f"{'model':22s} | {'afterburner samples/s':>21s} | {'Python samples/s':>16s} | {'ratio':>6s}")
-    for name, ours, python, ratio in rows:
-        print(f"{name:22s} | {ours:21.0f} | {python:16.0f} | {ratio:5.2f}x")
+    print(f"\n{side} against Python, {args.precision}, batch {args.batch_size}, {args.steps} timed steps "
+          f"(+{WARMUP_STEPS}), medians of {args.reps} pairs (seeds 0-{args.reps - 1})")
+    print(f"{'model':22s} | {'afterburner samples/s':>21s} | {'Python samples/s':>16s} | {'ratio':>6s} | "
+          f"{'afterburner test acc':>24s} | {'Python test acc':>24s}")
+    for name, ours, python, ratio, our_accuracy, python_accuracy in rows:
+        print(f"{name:22s} | {ours:21.0f} | {python:16.0f} | {ratio:5.2f}x | {our_accuracy:>24s} | "
+              f"{python_accuracy:>24s}")
     for name, error in failures.items():
         print(f"{name:22s} | failed: {error}")
     if rows:
-        geometric_mean = math.exp(statistics.mean(math.log(ratio) for *_, ratio in rows))
+        geometric_mean = math.exp(statistics.mean(math.log(row[3]) for row in rows))
         print(f"geometric mean of the ratios: {geometric_mean:.2f}x over {len(rows)} models")
 
 
@@ -323,6 +342,7 @@ def parse_args():
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="names from image_models.MODELS")
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--steps", type=int, default=200, help="timed training steps, after 5 warm-up steps")
+    parser.add_argument("--epoch", action="store_true", help="one whole epoch instead of --steps (accuracy)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--build", default="build")
@@ -336,6 +356,8 @@ def parse_args():
     unknown = [m for m in args.models if m not in image_models.MODELS]
     if unknown:
         parser.error(f"unknown models {unknown} (known: {', '.join(image_models.MODELS)})")
+    if args.epoch:
+        args.steps = TRAIN_SAMPLES // args.batch_size - WARMUP_STEPS
     if args.steps <= 0 or args.reps <= 0:
         parser.error("--steps and --reps must be positive")
     if args.python_allocator == "tcmalloc" and not TCMALLOC.exists():
