@@ -218,6 +218,8 @@ def test_bad_arguments_are_one_clear_error():
         abf.cross_entropy(torch.randn(2, 3), torch.tensor([0, 3]))
     with pytest.raises(RuntimeError, match="kernel_size"):
         abf.relu_max_pool2d(torch.randn(1, 1, 4, 4), 0)
+    with pytest.raises(RuntimeError, match="activation: unknown activation 'gelu', expected relu or silu"):
+        torch.ops.afterburner.add_activation(torch.randn(3), torch.randn(3), "gelu")
 
 
 def test_the_package_loads_its_ops_once():
