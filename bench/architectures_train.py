@@ -7,7 +7,7 @@ per model the medians, spread and the ratio pair by pair, then a table and the g
     /usr/bin/python3 bench/architectures_train.py [--build build] [--reps 3] [--steps 200 | --epoch]
         [--precision bf16] [--batch-size 128] [--python-channels-last auto] [--python-allocator auto]
         [--afterburner-flags="--channels-last"]
-        [--afterburner-side cli|python]
+        [--afterburner-side cli|python] [--afterburner-allocator own|tcmalloc]
         [--models resnet18,mobilenet_v3_small,efficientnet_b0,convnext,vision_transformer,residual_attention,rows_transformer]
 
 Each model is built with torch.manual_seed(0), compiled as its user would save it
@@ -16,6 +16,9 @@ Each model is built with torch.manual_seed(0), compiled as its user would save i
   afterburner  `afterburner train --model FILE` with its defaults (SGD lr 0.1 momentum 0.9
                Nesterov, weight decay 5e-4, cosine schedule with warm-up, no augmentation, its
                loader and fused ops), 2 threads, --max-steps (5 + --steps), one epoch.
+  afterburner  with --afterburner-allocator tcmalloc: either side of afterburner with tcmalloc
+               preloaded (LD_PRELOAD, Debian's libtcmalloc-minimal4) instead of glibc with the
+               freed memory kept (what `train` and `afterburner.optimize` set up themselves).
   afterburner  with --afterburner-side python: the Python loop below, its model and optimizer
   (python)     passed through `afterburner.optimize(model, optimizer, dtype=...)` (the fused
                TorchScript forward, FlatSGD, channels_last where the model convolves), what a
@@ -80,9 +83,9 @@ WARMUP_STEPS = 5
 TRAIN_SAMPLES = 60_000  # Fashion-MNIST's training set, for --epoch
 PROBE_STEPS = 20  # per layout and allocator, for --python-channels-last/--python-allocator auto
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4
-# The environment each allocator of the Python side runs with. glibc-kept keeps freed memory in the
+# The environment each allocator runs with (either side). glibc-kept keeps freed memory in the
 # process as `afterburner train` does with mallopt (the largest mmap threshold glibc takes, no trimming).
-PYTHON_ALLOCATORS = {
+ALLOCATORS = {
     "glibc": {},
     "glibc-kept": {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)},
     "tcmalloc": {"LD_PRELOAD": str(TCMALLOC)},
@@ -208,7 +211,7 @@ def python_worker(argv):
 # ---- the driver ----
 
 def python_run(args, name, model_file, settings, report, seed, steps=None, evaluate=True, optimize=False):
-    """settings: (channels_last "on" or "off", a PYTHON_ALLOCATORS key)."""
+    """settings: (channels_last "on" or "off", an ALLOCATORS key)."""
     channels_last, allocator = settings
     command = ["/usr/bin/python3", str(Path(__file__).resolve()), "--python-worker", "--model", name,
                "--model-file", model_file, "--precision", args.precision, "--steps", str(steps or args.steps),
@@ -216,14 +219,15 @@ def python_run(args, name, model_file, settings, report, seed, steps=None, evalu
                "--seed", str(seed),
                "--evaluate" if evaluate else "--no-evaluate"] + (["--afterburner-optimize"] if optimize else [])
     package = str((Path(args.build) / "python").resolve())  # the afterburner package built there
-    env = {**os.environ, **PYTHON_ALLOCATORS[allocator], **({"PYTHONPATH": package} if optimize else {})}
+    env = {**os.environ, **ALLOCATORS[allocator], **({"PYTHONPATH": package} if optimize else {})}
     return run_json(command, report, env)
 
 
 def afterburner_python_run(args, name, model_file, report, seed):
     """The Python loop with afterburner.optimize; its figure over all steps is the timed one."""
     # optimize picks the layout and, for training, keeps freed memory; the process starts on glibc's defaults
-    result = python_run(args, name, model_file, ("off", "glibc"), report, seed, optimize=True)
+    allocator = "tcmalloc" if args.afterburner_allocator == "tcmalloc" else "glibc"
+    result = python_run(args, name, model_file, ("off", allocator), report, seed, optimize=True)
     return {**result, "all_steps_samples_per_sec": result["train_samples_per_sec"]}
 
 
@@ -232,7 +236,8 @@ def afterburner_run(args, model_file, report, steps_log, seed):
                "--precision", args.precision, "--max-steps", str(WARMUP_STEPS + args.steps), "--epochs", "1",
                "--batch-size", str(args.batch_size), "--threads", str(THREADS), "--progress", "none",
                "--report", report, "--log-jsonl", steps_log, "--optimizer", "sgd", *shlex.split(args.afterburner_flags)]
-    result = run_json(command, report)
+    allocator = "tcmalloc" if args.afterburner_allocator == "tcmalloc" else "glibc"
+    result = run_json(command, report, {**os.environ, **ALLOCATORS[allocator]})
     return {"train_samples_per_sec": steady_samples_per_sec(steps_log),
             "all_steps_samples_per_sec": result["train_samples_per_sec"],
             "test_accuracy": result["test_accuracy"]}
@@ -261,7 +266,7 @@ def python_settings(args, name, model_file, report):
     if args.python_allocator != "auto":
         allocators = [args.python_allocator]
     else:
-        allocators = [a for a in PYTHON_ALLOCATORS if a != "tcmalloc" or TCMALLOC.exists()]
+        allocators = [a for a in ALLOCATORS if a != "tcmalloc" or TCMALLOC.exists()]
     candidates = [(layout, allocator) for layout in layouts for allocator in allocators]
     if len(candidates) == 1:
         return candidates[0]
@@ -347,8 +352,10 @@ def parse_args():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--build", default="build")
     parser.add_argument("--python-channels-last", choices=("auto", "on", "off"), default="auto")
-    parser.add_argument("--python-allocator", choices=("auto", *PYTHON_ALLOCATORS), default="auto")
+    parser.add_argument("--python-allocator", choices=("auto", *ALLOCATORS), default="auto")
     parser.add_argument("--afterburner-flags", default="", help='extra flags for afterburner train, e.g. "--channels-last"')
+    parser.add_argument("--afterburner-allocator", choices=("own", "tcmalloc"), default="own",
+                        help="own: glibc keeping freed memory, as afterburner sets it up; tcmalloc: preloaded")
     parser.add_argument("--afterburner-side", choices=("cli", "python"), default="cli",
                         help="cli: `afterburner train --model FILE`; python: the Python loop with afterburner.optimize")
     args = parser.parse_args()
@@ -360,8 +367,10 @@ def parse_args():
         args.steps = TRAIN_SAMPLES // args.batch_size - WARMUP_STEPS
     if args.steps <= 0 or args.reps <= 0:
         parser.error("--steps and --reps must be positive")
-    if args.python_allocator == "tcmalloc" and not TCMALLOC.exists():
-        parser.error(f"--python-allocator tcmalloc: {TCMALLOC} is missing (apt-get install libtcmalloc-minimal4)")
+    for flag, allocator in (("--python-allocator", args.python_allocator),
+                            ("--afterburner-allocator", args.afterburner_allocator)):
+        if allocator == "tcmalloc" and not TCMALLOC.exists():
+            parser.error(f"{flag} tcmalloc: {TCMALLOC} is missing (apt-get install libtcmalloc-minimal4)")
     return args
 
 
