@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libtomlplusplus-dev zlib1g-dev libzip-dev
   libboost-dev libsimdjson-dev wrk
+  libtcmalloc-minimal4                  # the afterburner tool's memory allocator (tools/CMakeLists.txt)
   iproute2                              # the two-host test: network namespaces joined by a veth pair
   python3-torch python3-numpy python3-pytest   # baselines, differential tests, the Python package's tests
   python3-torchvision                   # torchvision's architectures in the tests of the whole user path
