@@ -16,9 +16,10 @@ Each model is built with torch.manual_seed(0), compiled as its user would save i
   afterburner  `afterburner train --model FILE` with its defaults (SGD lr 0.1 momentum 0.9
                Nesterov, weight decay 5e-4, cosine schedule with warm-up, no augmentation, its
                loader and fused ops), 2 threads, --max-steps (5 + --steps), one epoch.
-  afterburner  with --afterburner-allocator tcmalloc: either side of afterburner with tcmalloc
-               preloaded (LD_PRELOAD, Debian's libtcmalloc-minimal4) instead of glibc with the
-               freed memory kept (what `train` and `afterburner.optimize` set up themselves).
+  afterburner  by default on its own allocator: the tool links tcmalloc, the Python package
+               keeps freed memory in glibc's heap (`afterburner.optimize`). --afterburner-allocator
+               tcmalloc preloads tcmalloc (LD_PRELOAD, Debian's libtcmalloc-minimal4) for either
+               side (for the tool: a build without it linked).
   afterburner  with --afterburner-side python: the Python loop below, its model and optimizer
   (python)     passed through `afterburner.optimize(model, optimizer, dtype=...)` (the fused
                TorchScript forward, FlatSGD, channels_last where the model convolves), what a
@@ -355,7 +356,7 @@ def parse_args():
     parser.add_argument("--python-allocator", choices=("auto", *ALLOCATORS), default="auto")
     parser.add_argument("--afterburner-flags", default="", help='extra flags for afterburner train, e.g. "--channels-last"')
     parser.add_argument("--afterburner-allocator", choices=("own", "tcmalloc"), default="own",
-                        help="own: glibc keeping freed memory, as afterburner sets it up; tcmalloc: preloaded")
+                        help="own: the tool's linked tcmalloc, the package's glibc heap; tcmalloc: preloaded")
     parser.add_argument("--afterburner-side", choices=("cli", "python"), default="cli",
                         help="cli: `afterburner train --model FILE`; python: the Python loop with afterburner.optimize")
     args = parser.parse_args()
