@@ -8,6 +8,7 @@ the geometric means.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/architectures_infer.py [--reps 3] [--precision fp32]
         [--seconds 2] [--models resnet18,mobilenet_v3_small,efficientnet_b0,densenet121,convnext_tiny,vit_b_16]
+        [--allocator tcmalloc|glibc|glibc-kept]
 
 Python's side is the faster, measured in each round, of
   frozen  torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.script(model))), float32
@@ -23,25 +24,34 @@ eager module's, against their scale, is printed as a check (bf16 rounds: a few p
 optimize_for_inference computes hardswish on part of oneDNN's padded buffer only, so Python's
 frozen MobileNetV3 is wrong by far more, and LibTorch warns of "resized" outputs).
 
+Both sides share the process and so its memory allocator (--allocator, tcmalloc by default where
+Debian's libtcmalloc-minimal4 is installed: the script runs itself again with it preloaded). On
+glibc's default every large output is a fresh mapping, page-faulted anew at each call: Python's
+frozen ResNet-18 took 1.9x as long per batch-32 call on it as on tcmalloc (about 7 us per 4 KB
+page on these VMs), which hides the arithmetic both sides do.
+
 Run it on a quiet machine: the load average is printed at start and end.
 """
 import argparse
 import copy
 import math
+import os
 import statistics
+import sys
 import time
 
 import torch
 import torchvision
 
 import afterburner
-from architectures_train import autocast_lacks_bf16_layer_norm, layer_norms_in_fp32
+from architectures_train import ALLOCATORS, TCMALLOC, autocast_lacks_bf16_layer_norm, layer_norms_in_fp32
 from machine import cpu_description, load_description
 
 DEFAULT_MODELS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "densenet121", "convnext_tiny", "vit_b_16")
 BATCH_SIZES = (1, 32)
 THREADS = 2
 WARMUP_CALLS = 2
+ALLOCATOR_APPLIED = "AFTERBURNER_BENCH_ALLOCATOR"  # set once the script runs under --allocator
 
 
 def timed_calls(function, batch, seconds):
@@ -177,10 +187,17 @@ def main():
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0, help="per side, batch size and round")
+    parser.add_argument("--allocator", choices=tuple(ALLOCATORS), default="tcmalloc" if TCMALLOC.exists() else "glibc",
+                        help="the process's memory allocator, both sides'")
     args = parser.parse_args()
+    if args.allocator == "tcmalloc" and not TCMALLOC.exists():
+        parser.error(f"--allocator tcmalloc: {TCMALLOC} is missing (Debian's libtcmalloc-minimal4)")
+    if os.environ.get(ALLOCATOR_APPLIED) != args.allocator:
+        env = {**os.environ, **ALLOCATORS[args.allocator], ALLOCATOR_APPLIED: args.allocator}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     torch.set_num_threads(THREADS)
-    print(f"{cpu_description()}; torch {torch.__version__}, torchvision {torchvision.__version__}, {THREADS} threads; "
-          f"{load_description()}")
+    print(f"{cpu_description()}; torch {torch.__version__}, torchvision {torchvision.__version__}, {THREADS} threads, "
+          f"allocator {args.allocator}; {load_description()}")
     results = {name: compare_model(args, name) for name in args.models.split(",") if name}
     print_table(args, results)
     print(f"at the end: {load_description()}")

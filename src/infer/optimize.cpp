@@ -20,6 +20,7 @@
 #include "afterburner/infer/onednn_graph.h"
 #include "afterburner/infer/onednn_linear.h"
 #include "afterburner/infer/packed_conv.h"
+#include "afterburner/infer/winograd_conv.h"
 #include "afterburner/kernels/fuse.h"
 
 namespace afterburner::infer {
@@ -274,6 +275,7 @@ Module prepare_for_inference(const Module& optimized) {
   Module prepared = torch::jit::optimize_for_inference(frozen);
   auto graph = prepared.get_method("forward").graph();
   route_matmuls_to_onednn(graph);
+  convolve_3x3_by_winograd(graph);
   pack_bf16_convolutions(graph);
   kernels::layer_norms_onto_ours(graph);  // LibTorch 1.13 rounds bf16 LayerNorm as it goes, and slowly
   multiply_broadcasts_on_onednn(graph);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "afterburner/core/ideep_tensor.h"
+#include "graph_edits.h"
 
 namespace afterburner::infer {
 namespace {
@@ -120,13 +121,6 @@ torch::Tensor packed_for_onednn(const torch::Tensor& weight, const std::vector<i
   return onednn_tensor(std::move(buffer));
 }
 
-// A constant list of two integers (not conv2d's other overload's padding string).
-std::optional<std::vector<int64_t>> constant_pair(jit::Value* value) {
-  const auto constant = jit::toIValue(value);
-  if (!constant || !constant->isIntList() || constant->toIntList().size() != 2) return std::nullopt;
-  return constant->toIntList().vec();
-}
-
 }  // namespace
 
 int pack_bf16_convolutions(std::shared_ptr<jit::Graph>& graph) {
@@ -137,8 +131,8 @@ int pack_bf16_convolutions(std::shared_ptr<jit::Graph>& graph) {
   int rewritten = 0;
   for (jit::Node* conv : convolutions) {
     const auto weight = jit::constant_as<at::Tensor>(conv->input(1));
-    const auto stride = constant_pair(conv->input(3)), padding = constant_pair(conv->input(4)),
-               dilation = constant_pair(conv->input(5));
+    const auto stride = constant_int_pair(conv->input(3)), padding = constant_int_pair(conv->input(4)),
+               dilation = constant_int_pair(conv->input(5));
     const auto groups = jit::constant_as<int64_t>(conv->input(6));
     if (!weight || weight->dim() != 4 || weight->scalar_type() != at::kBFloat16 || !stride || !padding ||
         !dilation || !groups) {
@@ -152,13 +146,9 @@ int pack_bf16_convolutions(std::shared_ptr<jit::Graph>& graph) {
     constant->t_(c10::attr::value, packed);
     constant->output()->inferTypeFrom(packed);
     jit::Value* packed_weight = constant->output();
-    jit::Value* replacement = graph->insert(
-        c10::Symbol::fromQualString("afterburner::conv2d_packed"),
-        {conv->input(0), conv->input(1), packed_weight, conv->input(2), conv->input(3), conv->input(4), conv->input(5),
-         conv->input(6)});
-    replacement->setType(conv->output()->type());
-    conv->output()->replaceAllUsesWith(replacement);
-    conv->destroy();
+    replace_by_call(conv, "afterburner::conv2d_packed",
+                    {conv->input(0), conv->input(1), packed_weight, conv->input(2), conv->input(3), conv->input(4),
+                     conv->input(5), conv->input(6)});
     ++rewritten;
   }
   return rewritten;
