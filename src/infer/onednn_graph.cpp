@@ -6,10 +6,14 @@
 #include <torch/csrc/jit/ir/subgraph_matcher.h>
 #include <torch/csrc/jit/passes/subgraph_rewrite.h>
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
+
+#include "graph_edits.h"
 
 namespace afterburner::infer {
 
@@ -128,6 +132,76 @@ int read_sizes_on_onednn(std::shared_ptr<torch::jit::Graph>& graph) {
     }
   }
   torch::jit::EliminateDeadCode(graph);
+  return rewritten;
+}
+
+namespace {
+
+// An inference BatchNorm's per-channel factor and term, float as LibTorch's batch_norm computes
+// them: y = x * scale + shift, scale = weight / sqrt(var + eps), shift = bias - mean * scale.
+std::optional<std::pair<at::Tensor, at::Tensor>> batch_norm_terms(const torch::jit::Node* norm) {
+  const auto tensor = [&](size_t i) { return torch::jit::toIValue(norm->input(i)); };
+  const auto training = torch::jit::constant_as<bool>(norm->input(5));
+  const auto eps = torch::jit::constant_as<double>(norm->input(7));
+  const auto mean = tensor(3), var = tensor(4), weight = tensor(1), bias = tensor(2);
+  const auto float_vector = [](const c10::optional<c10::IValue>& v) {
+    return v && v->isTensor() && v->toTensor().dim() == 1 && v->toTensor().scalar_type() == at::kFloat &&
+           !v->toTensor().is_mkldnn();
+  };
+  const auto optional_vector = [&](const c10::optional<c10::IValue>& v) { return v && (v->isNone() || float_vector(v)); };
+  if (!training || *training || !eps || !float_vector(mean) || !float_vector(var) || !optional_vector(weight) ||
+      !optional_vector(bias)) {
+    return std::nullopt;
+  }
+  const int64_t channels = mean->toTensor().size(0);
+  at::Tensor scale = at::empty({channels}, at::kFloat), shift = at::empty({channels}, at::kFloat);
+  const at::Tensor m = mean->toTensor().contiguous(), v = var->toTensor().contiguous();
+  const at::Tensor w = weight->isNone() ? at::ones({channels}) : weight->toTensor().contiguous();
+  const at::Tensor b = bias->isNone() ? at::zeros({channels}) : bias->toTensor().contiguous();
+  if (v.size(0) != channels || w.size(0) != channels || b.size(0) != channels) return std::nullopt;
+  for (int64_t c = 0; c < channels; ++c) {
+    const float invstd = 1 / std::sqrt(v.data_ptr<float>()[c] + static_cast<float>(*eps));
+    scale.data_ptr<float>()[c] = invstd * w.data_ptr<float>()[c];
+    shift.data_ptr<float>()[c] = b.data_ptr<float>()[c] - m.data_ptr<float>()[c] * scale.data_ptr<float>()[c];
+  }
+  return std::make_pair(scale, shift);
+}
+
+}  // namespace
+
+int batch_norm_relu_into_onednn(std::shared_ptr<torch::jit::Graph>& graph) {
+  const c10::Symbol to_mkldnn = c10::Symbol::fromQualString("aten::to_mkldnn");
+  std::vector<torch::jit::Node*> conversions;
+  for (torch::jit::Node* node : graph->nodes()) {
+    if (node->kind() != to_mkldnn || !torch::jit::toIValue(node->input(1)) ||
+        !torch::jit::toIValue(node->input(1))->isNone()) {
+      continue;
+    }
+    const torch::jit::Node* relu = node->input(0)->node();
+    if ((relu->kind() != c10::aten::relu && relu->kind() != c10::aten::relu_) || relu->output()->uses().size() != 1) {
+      continue;
+    }
+    const torch::jit::Node* norm = relu->input(0)->node();
+    if (norm->kind() == c10::aten::batch_norm && norm->output()->uses().size() == 1) conversions.push_back(node);
+  }
+  int rewritten = 0;
+  for (torch::jit::Node* conversion : conversions) {
+    torch::jit::Node* relu = conversion->input(0)->node();
+    torch::jit::Node* norm = relu->input(0)->node();
+    const auto terms = batch_norm_terms(norm);
+    if (!terms) continue;
+    torch::jit::Value* x = norm->input(0);
+    torch::jit::Value *scale = nullptr, *shift = nullptr;
+    {
+      const torch::jit::WithInsertPoint point(conversion);
+      scale = graph->insertConstant(terms->first);
+      shift = graph->insertConstant(terms->second);
+    }
+    replace_by_call(conversion, "afterburner::scale_shift_relu_to_onednn", {x, scale, shift});
+    relu->destroy();
+    norm->destroy();
+    ++rewritten;
+  }
   return rewritten;
 }
 

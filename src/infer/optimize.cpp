@@ -282,6 +282,7 @@ Module prepare_for_inference(const Module& optimized) {
   propagate_non_finite_as_aten(graph);
   read_sizes_on_onednn(graph);  // first: a size read keeps alive a dense copy the moves would drop
   move_onto_onednn(graph);
+  batch_norm_relu_into_onednn(graph);  // after the NaN rewrites: its dense ReLU is LibTorch's already
   return prepared;
 }
 

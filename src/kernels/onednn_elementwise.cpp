@@ -18,6 +18,10 @@
 // the big one's layout, where LibTorch expands the small one to a full oneDNN tensor through a
 // dense one first (prim::BroadcastMKLDNNTensors); infer::multiply_broadcasts_on_onednn and
 // infer::move_onto_onednn rewrite optimized graphs to it.
+//
+// And afterburner::scale_shift_relu_to_onednn(x, scale, shift): a dense tensor's inference
+// BatchNorm and ReLU written straight into oneDNN's layout (DenseNet's layers begin so, after a
+// concatenation LibTorch 1.13 computes densely); infer::batch_norm_relu_into_onednn rewrites to it.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -26,6 +30,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "afterburner/core/ideep_tensor.h"
 #include "afterburner/core/onednn_tensor.h"
 
 namespace afterburner::kernels {
@@ -154,7 +159,46 @@ at::Tensor broadcast_mul_onednn(const at::Tensor& a, const at::Tensor& b) {
 
 at::Tensor broadcast_mul_dense(const at::Tensor& a, const at::Tensor& b) { return at::mul(a, b); }
 
+// y = relu(x * scale[c] + shift[c]) for dense [N, C, H, W] fp32 x, written as a new oneDNN tensor
+// (plain NCHW, as aten::to_mkldnn makes them): an inference BatchNorm (scale and shift as
+// LibTorch's batch_norm computes them from its statistics), its ReLU and the conversion to a
+// oneDNN tensor in one pass where LibTorch makes three. The product and the sum are each rounded
+// (ATen 1.13's batch_norm differs from that in the last bit of some elements); NaN stays NaN, as
+// aten::relu keeps it.
+at::Tensor scale_shift_relu_to_onednn(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift) {
+  const auto channel_terms = [&](const at::Tensor& t) { return t.dim() == 1 && t.size(0) == x.size(1); };
+  if (x.dim() != 4 || x.scalar_type() != at::kFloat || x.is_mkldnn() || !x.is_contiguous() ||
+      !channel_terms(scale) || !channel_terms(shift)) {
+    const auto per_channel = [](const at::Tensor& t) { return t.view({1, -1, 1, 1}); };
+    return at::relu(x * per_channel(scale) + per_channel(shift)).to_mkldnn();
+  }
+  const int64_t channels = x.size(1), pixels = x.size(2) * x.size(3);
+  const ideep::tensor::desc layout(x.sizes().vec(), ideep::data_type::f32, ideep::format_tag::nchw);
+  at::Tensor out = onednn_tensor(ideep::tensor(layout));
+  const at::Tensor scales = scale.to(at::kFloat).contiguous(), shifts = shift.to(at::kFloat).contiguous();
+  const float* in = x.data_ptr<float>();
+  const float *a = scales.data_ptr<float>(), *b = shifts.data_ptr<float>();
+  auto* to = static_cast<float*>(onednn_images(out)->data);
+  at::parallel_for(0, x.size(0) * channels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t plane = begin; plane < end; ++plane) {
+      const float factor = a[plane % channels], term = b[plane % channels];
+      const float* from = in + plane * pixels;
+      float* into = to + plane * pixels;
+      for (int64_t p = 0; p < pixels; ++p) {
+        const float product = from[p] * factor;
+        const float v = product + term;
+        into[p] = v < 0.0f ? 0.0f : v;  // NaN and -0 kept, as aten::relu keeps them
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
+
+TORCH_LIBRARY_IMPL(afterburner, CompositeExplicitAutograd, m) {
+  m.impl("scale_shift_relu_to_onednn", TORCH_FN(scale_shift_relu_to_onednn));
+}
 
 TORCH_LIBRARY_IMPL(afterburner, CPU, m) { m.impl("broadcast_mul", TORCH_FN(broadcast_mul_dense)); }
 

@@ -125,6 +125,8 @@ TORCH_LIBRARY(afterburner, m) {
   // a * b with broadcasting, as aten::mul; on oneDNN tensors a [N, C, 1, 1] scale of a [N, C, H, W]
   // tensor multiplies in the big one's layout (kernels/onednn_elementwise.cpp).
   m.def("broadcast_mul(Tensor a, Tensor b) -> Tensor");
+  // relu(x * scale + shift) per channel of a dense x, as a oneDNN tensor (kernels/onednn_elementwise.cpp).
+  m.def("scale_shift_relu_to_onednn(Tensor x, Tensor scale, Tensor shift) -> Tensor");
   // relu(x weight^T + bias), as relu(linear(x, weight, bias)).
   m.def("linear_relu(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   register_kernels<linear_relu_op>(m, "linear_relu");

@@ -2,8 +2,9 @@
 // users write them: a squeeze-and-excitation block (torchvision's SqueezeExcitation: the scale
 // from adaptive_avg_pool2d(x, 1) through two 1x1 convolutions, relu and hardsigmoid, times x)
 // multiplies on oneDNN's layout and reads sizes without a conversion; silu between convolutions
-// runs on oneDNN's layout. The prepared models answer as LibTorch's ops, at batch 1, 2 and 7, NaN
-// and infinities included.
+// runs on oneDNN's layout; a DenseNet layer's first BatchNorm and ReLU go into oneDNN's layout in
+// one pass. The prepared models answer as LibTorch's ops, at batch 1, 2 and 7, NaN and infinities
+// included.
 #include "afterburner/infer/onednn_graph.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <utility>
 
 #include "afterburner/infer/optimize.h"
 #include "non_finite.h"
@@ -123,6 +125,53 @@ TEST(OnednnGraph, SiluAndSqueezeExcitationRunOnOnednnAndAnswerAsLibTorch) {
     EXPECT_EQ(count(prepared, "aten::to_dense"), c.conversions);
     EXPECT_GE(count(prepared, "aten::silu"), 1);
     EXPECT_EQ(count(prepared, "aten::silu_"), 0) << "a silu left on a dense copy";
+    for (const int64_t batch : {1, 2, 7}) {
+      const torch::Tensor x = images.slice(0, 7 - batch);
+      const torch::Tensor expected = answer(module, x);
+      EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "batch " << batch;
+      EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "second call, batch " << batch;
+    }
+  }
+}
+
+// A DenseNet layer as torchvision writes it: BatchNorm and ReLU on the concatenation of the
+// features so far, a 1x1 convolution, BatchNorm and ReLU, a 3x3 convolution, its output joining the
+// features (16 and 20 channels in: 20 pads oneDNN's blocks). The first BatchNorm's ReLU goes into
+// oneDNN's layout in one op; answers as LibTorch's, NaN and infinities included.
+jit::Module dense_layer(int64_t channels) {
+  torch::manual_seed(0);
+  jit::Module module("__torch__.DenseLayer");
+  module.register_parameter("w0", torch::randn({channels, 3, 3, 3}) * 0.3, false);
+  module.register_parameter("w1", torch::randn({32, channels + 3, 1, 1}) * 0.3, false);
+  module.register_parameter("w2", torch::randn({16, 32, 3, 3}) * 0.1, false);
+  for (const auto& [name, width] : {std::pair<const char*, int64_t>{"n1", channels + 3}, {"n2", 32}}) {
+    module.register_parameter(std::string(name) + "_weight", torch::rand({width}) + 0.5, false);
+    module.register_parameter(std::string(name) + "_bias", torch::randn({width}) * 0.1, false);
+    module.register_buffer(std::string(name) + "_mean", torch::randn({width}) * 0.1);
+    module.register_buffer(std::string(name) + "_var", torch::rand({width}) + 0.5);
+  }
+  module.define(
+      "def forward(self, x):\n"
+      "    features = [x, torch.conv2d(x, self.w0, None, [1, 1], [1, 1], [1, 1], 1)]\n"
+      "    y = torch.cat(features, 1)\n"
+      "    y = torch.relu(torch.batch_norm(y, self.n1_weight, self.n1_bias, self.n1_mean, self.n1_var, False, 0.1, "
+      "1e-5, False))\n"
+      "    y = torch.conv2d(y, self.w1, None, [1, 1], [0, 0], [1, 1], 1)\n"
+      "    y = torch.relu(torch.batch_norm(y, self.n2_weight, self.n2_bias, self.n2_mean, self.n2_var, False, 0.1, "
+      "1e-5, False))\n"
+      "    return torch.conv2d(y, self.w2, None, [1, 1], [1, 1], [1, 1], 1)\n");
+  module.eval();
+  return module;
+}
+
+TEST(OnednnGraph, DenseNetLayersBatchNormReluGoesIntoOnednnInOnePass) {
+  for (const int64_t channels : {13, 17}) {
+    SCOPED_TRACE(fmt::format("{} channels", channels + 3));
+    jit::Module module = dense_layer(channels);
+    jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
+    EXPECT_EQ(count(prepared, "afterburner::scale_shift_relu_to_onednn"), 1);
+    EXPECT_EQ(count(prepared, "aten::batch_norm"), 0) << "the second BatchNorm folds into its convolution";
+    const torch::Tensor images = torch::cat({images_with_non_finite({3, 8, 8}, 100), torch::randn({3, 3, 8, 8})});
     for (const int64_t batch : {1, 2, 7}) {
       const torch::Tensor x = images.slice(0, 7 - batch);
       const torch::Tensor expected = answer(module, x);

@@ -45,6 +45,7 @@ std::vector<Activation> activations() {
   };
 }
 
+using afterburner::testing::AgreesWithNonFinite;
 using afterburner::testing::Identical;
 using afterburner::testing::sprinkle_non_finite;
 
@@ -173,6 +174,44 @@ TEST(OnednnBroadcastMul, OtherShapesAndDenseTensorsAreATensMul) {
     const auto expected = x * other;
     EXPECT_TRUE(Identical(broadcast_mul(x.to_mkldnn(), other.to_mkldnn()).to_dense(), expected));
     EXPECT_TRUE(Identical(broadcast_mul(x, other), expected));
+  }
+}
+
+torch::Tensor scale_shift_relu_to_onednn(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("afterburner::scale_shift_relu_to_onednn", "");
+  return op.typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>().call(x, scale,
+                                                                                                        shift);
+}
+
+// An inference BatchNorm's ReLU into a oneDNN tensor: ATen's batch_norm (scale and shift formed
+// here from its statistics) and relu, then to_mkldnn, to a rounding (ATen's batch_norm rounds
+// some elements otherwise), NaN and infinities where they put them, at batch 1 and odd sizes;
+// a second call bit for bit; the input left alone. A channels-last input goes the three ops' way.
+TEST(OnednnScaleShiftRelu, EqualsATensBatchNormReluAndConversion) {
+  torch::manual_seed(3);
+  const torch::NoGradGuard no_grad;
+  for (const int64_t channels : {6, 16, 35}) {
+    for (const int64_t batch : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << channels << " channels, batch " << batch);
+      const auto x = sprinkle_non_finite(torch::randn({batch, channels, 7, 9}) * 3);
+      const auto mean = torch::randn({channels}), var = torch::rand({channels}) + 0.1;
+      const auto weight = torch::randn({channels}), bias = torch::randn({channels});
+      const double eps = 1e-5;
+      const auto scale = weight / torch::sqrt(var + static_cast<float>(eps));
+      const auto shift = bias - mean * scale;
+      const auto before = x.clone();
+      const auto expected = torch::relu(torch::batch_norm(x, weight, bias, mean, var, false, 0.1, eps, false));
+      const auto out = scale_shift_relu_to_onednn(x, scale, shift);
+      ASSERT_TRUE(out.is_mkldnn());
+      EXPECT_TRUE(AgreesWithNonFinite(out.to_dense(), expected, 1e-6, 1e-6));
+      EXPECT_TRUE(Identical(scale_shift_relu_to_onednn(x, scale, shift).to_dense(), out.to_dense())) << "second call";
+      EXPECT_TRUE(AgreesWithNonFinite(channel_sum(out), channel_sum(expected.to_mkldnn()), 1e-4, 1e-5))
+          << "as a convolution reads it (padding channels 0)";
+      EXPECT_TRUE(Identical(x, before)) << "input changed";
+      const auto channels_last = x.contiguous(at::MemoryFormat::ChannelsLast);
+      EXPECT_TRUE(
+          AgreesWithNonFinite(scale_shift_relu_to_onednn(channels_last, scale, shift).to_dense(), expected, 1e-6, 1e-6));
+    }
   }
 }
 

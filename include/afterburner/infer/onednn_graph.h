@@ -37,4 +37,12 @@ int move_onto_onednn(std::shared_ptr<torch::jit::Graph>& graph);
 // reads were rewritten.
 int read_sizes_on_onednn(std::shared_ptr<torch::jit::Graph>& graph);
 
+// DenseNet's layers begin with BatchNorm and ReLU on the concatenation of the features before
+// them, which optimize_for_inference computes densely (its oneDNN subgraphs stop at aten::cat) and
+// then converts for the layer's convolution: three passes over the features. Rewrites
+// to_mkldnn(relu(batch_norm(x))) of an inference BatchNorm with constant statistics, each result
+// read by the next op only, as afterburner::scale_shift_relu_to_onednn: one pass, not three; scale and shift
+// computed from the statistics as LibTorch's batch_norm computes them. Returns how many were.
+int batch_norm_relu_into_onednn(std::shared_ptr<torch::jit::Graph>& graph);
+
 }  // namespace afterburner::infer
