@@ -5,7 +5,8 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
-#include <cstring>
+#include <algorithm>
+#include <cstdint>
 #include <mutex>
 #include <vector>
 

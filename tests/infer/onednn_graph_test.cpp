@@ -57,6 +57,18 @@ int count(const jit::Module& module, const char* kind) {
   return n;
 }
 
+// The prepared model answers [N, 3, 8, 8] images as the module's own ops do, twice: images with
+// NaN, +inf, -inf, then finite ones (batch 1 finite, 2 with -inf, 7 all).
+void expect_answers_as(jit::Module& module, jit::Module& prepared) {
+  const torch::Tensor images = torch::cat({images_with_non_finite({3, 8, 8}, 100), torch::randn({3, 3, 8, 8})});
+  for (const int64_t batch : {1, 2, 7}) {
+    const torch::Tensor x = images.slice(0, 7 - batch);
+    const torch::Tensor expected = answer(module, x);
+    EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "batch " << batch;
+    EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "second call, batch " << batch;
+  }
+}
+
 TEST(OnednnGraph, SqueezeExcitationMultipliesOnOnednnAndAnswersAsLibTorch) {
   for (const int64_t channels : {6, 16, 20}) {
     SCOPED_TRACE(fmt::format("{} channels", channels));
@@ -66,14 +78,7 @@ TEST(OnednnGraph, SqueezeExcitationMultipliesOnOnednnAndAnswersAsLibTorch) {
     EXPECT_EQ(count(prepared, "prim::BroadcastMKLDNNTensors"), 0);
     // One conversion to dense: the output's. None for the sizes.
     EXPECT_EQ(count(prepared, "aten::to_dense"), 1);
-    // Images with NaN, +inf, -inf, then finite ones: batch 1 finite, 2 with -inf, 7 all.
-    const torch::Tensor images = torch::cat({images_with_non_finite({3, 8, 8}, 100), torch::randn({3, 3, 8, 8})});
-    for (const int64_t batch : {1, 2, 7}) {
-      const torch::Tensor x = images.slice(0, 7 - batch);
-      const torch::Tensor expected = answer(module, x);
-      EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "batch " << batch;
-      EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "second call, batch " << batch;
-    }
+    expect_answers_as(module, prepared);
   }
 }
 
@@ -117,7 +122,6 @@ TEST(OnednnGraph, SiluAndSqueezeExcitationRunOnOnednnAndAnswerAsLibTorch) {
        "    scale = torch.silu(torch.conv2d(scale, self.fc1, self.fc1_bias, [1, 1], [0, 0], [1, 1], 1))\n"
        "    scale = torch.sigmoid(torch.conv2d(scale, self.fc2, self.fc2_bias, [1, 1], [0, 0], [1, 1], 1))\n"
        "    return torch.conv2d(scale * y, self.w2, None, [1, 1], [1, 1], [1, 1], 1)\n", 2}};
-  const torch::Tensor images = torch::cat({images_with_non_finite({3, 8, 8}, 100), torch::randn({3, 3, 8, 8})});
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     jit::Module module = silu_model(c.body);
@@ -125,12 +129,7 @@ TEST(OnednnGraph, SiluAndSqueezeExcitationRunOnOnednnAndAnswerAsLibTorch) {
     EXPECT_EQ(count(prepared, "aten::to_dense"), c.conversions);
     EXPECT_GE(count(prepared, "aten::silu"), 1);
     EXPECT_EQ(count(prepared, "aten::silu_"), 0) << "a silu left on a dense copy";
-    for (const int64_t batch : {1, 2, 7}) {
-      const torch::Tensor x = images.slice(0, 7 - batch);
-      const torch::Tensor expected = answer(module, x);
-      EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "batch " << batch;
-      EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "second call, batch " << batch;
-    }
+    expect_answers_as(module, prepared);
   }
 }
 
@@ -171,13 +170,7 @@ TEST(OnednnGraph, DenseNetLayersBatchNormReluGoesIntoOnednnInOnePass) {
     jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
     EXPECT_EQ(count(prepared, "afterburner::scale_shift_relu_to_onednn"), 1);
     EXPECT_EQ(count(prepared, "aten::batch_norm"), 0) << "the second BatchNorm folds into its convolution";
-    const torch::Tensor images = torch::cat({images_with_non_finite({3, 8, 8}, 100), torch::randn({3, 3, 8, 8})});
-    for (const int64_t batch : {1, 2, 7}) {
-      const torch::Tensor x = images.slice(0, 7 - batch);
-      const torch::Tensor expected = answer(module, x);
-      EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "batch " << batch;
-      EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), expected, 1e-4, 1e-4)) << "second call, batch " << batch;
-    }
+    expect_answers_as(module, prepared);
   }
 }
 
