@@ -20,7 +20,7 @@
 // infer::move_onto_onednn rewrite optimized graphs to it.
 //
 // And afterburner::scale_shift_relu_to_onednn(x, scale, shift): a dense tensor's inference
-// BatchNorm and ReLU written straight into oneDNN's layout (DenseNet's layers begin so, after a
+// BatchNorm and ReLU written straight into a oneDNN tensor (DenseNet's layers begin so, after a
 // concatenation LibTorch 1.13 computes densely); infer::batch_norm_relu_into_onednn rewrites to it.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
