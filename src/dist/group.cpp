@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -120,6 +121,22 @@ std::shared_ptr<gloo::transport::Device> gloo_device(const GroupOptions& o) {
 }
 
 
+// Gloo writes to its peers with writev, which cannot pass MSG_NOSIGNAL: a write to a rank that
+// died raises SIGPIPE, whose default action ends this process without a word where Gloo would
+// have thrown "Connection reset by peer" (Python ignores SIGPIPE at startup, C++ programs do not).
+// An empty handler rather than SIG_IGN, so programs this process executes get the default back;
+// a handler the program installed itself is left alone.
+void survive_broken_pipes() {
+  struct sigaction current {};
+  sigaction(SIGPIPE, nullptr, &current);
+  if (current.sa_handler != SIG_DFL) return;
+  struct sigaction swallow {};
+  swallow.sa_handler = [](int) {};
+  swallow.sa_flags = SA_RESTART;
+  sigemptyset(&swallow.sa_mask);
+  sigaction(SIGPIPE, &swallow, nullptr);
+}
+
 }  // namespace
 
 std::optional<GroupOptions> options_from_environment() {
@@ -136,6 +153,7 @@ std::optional<GroupOptions> options_from_environment() {
 
 Group join_group(const GroupOptions& options) {
   check(options);
+  survive_broken_pipes();
   Group group;
   group.rank = options.rank();
   group.world_size = options.world_size();

@@ -3,6 +3,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <future>
@@ -65,6 +70,20 @@ TEST(Group, ASingleRankJobSumsToItself) {
   std::vector<torch::Tensor> tensors{torch::arange(5, torch::kFloat)};
   group.process_group->allreduce(tensors)->wait();
   EXPECT_TRUE(torch::equal(tensors[0], torch::arange(5, torch::kFloat)));
+}
+
+// Gloo's writes to a dead rank must come back as an error it can throw, not a SIGPIPE that ends
+// the process without a word.
+TEST(Group, AWriteToAClosedSocketFailsInsteadOfKillingTheProcess) {
+  signal(SIGPIPE, SIG_DFL);
+  Group group = join_group(GroupOptions().master_port(free_port("127.0.0.1")).world_size(1));
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  close(sockets[1]);
+  const char byte = 0;
+  EXPECT_EQ(write(sockets[0], &byte, 1), -1);
+  EXPECT_EQ(errno, EPIPE);
+  close(sockets[0]);
 }
 
 TEST(Group, ARankOutsideTheWorldIsAUsageErrorNamingIt) {

@@ -53,7 +53,8 @@ class DistError : public Error {
 
 // Connects to (rank 0: serves) the store, waits for every rank and builds the Gloo group. Throws
 // UsageError for a rank outside the world or a bad port, DistError naming the address for a port
-// in use or a job that does not assemble within the timeout.
+// in use or a job that does not assemble within the timeout. A rank that dies later makes the
+// others' collectives throw (SIGPIPE is caught from here on, unless the program handles it).
 Group join_group(const GroupOptions& options);
 
 }  // namespace afterburner::dist
