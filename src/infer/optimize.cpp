@@ -70,6 +70,28 @@ int count_nodes(const std::shared_ptr<Graph>& graph, const std::vector<std::stri
 
 std::shared_ptr<Graph> forward_graph(const Module& model) { return model.get_method("forward").graph(); }
 
+// Convolutions, BatchNorm and activations give outputs of their input's rank (batched or not), so
+// `dim()` of their output reads the first input of such a chain instead. BatchNorm's
+// _check_input_dim reads it, and that extra use of a convolution's output stops LibTorch folding
+// the BatchNorm into the convolution (DenseNet's every norm2 after its 1x1 convolution; freezing
+// drops the check in a plain Sequential), as one of a ReLU's output stops the BatchNorm + ReLU
+// rewrite in front of it.
+void read_ranks_at_their_source(torch::jit::Block* block) {
+  static const std::vector<c10::Symbol> rank_keeping{
+      c10::aten::conv1d, c10::aten::conv2d,   c10::aten::conv3d,   c10::aten::_convolution, c10::aten::batch_norm,
+      c10::aten::relu,   c10::aten::relu_,    c10::aten::hardtanh, c10::aten::hardtanh_,    c10::aten::silu,
+      c10::aten::silu_,  c10::aten::hardswish, c10::aten::hardswish_, c10::aten::gelu,      c10::aten::sigmoid};
+  for (Node* node : block->nodes()) {
+    for (auto* inner : node->blocks()) read_ranks_at_their_source(inner);
+    if (node->kind() != c10::aten::dim) continue;
+    torch::jit::Value* source = node->input(0);
+    while (std::find(rank_keeping.begin(), rank_keeping.end(), source->node()->kind()) != rank_keeping.end()) {
+      source = source->node()->input(0);
+    }
+    node->replaceInput(0, source);
+  }
+}
+
 // "x: Tensor, mask: Optional[Tensor]" and "self._to_bfloat16(x), mask" for forward's arguments
 // after self: floating-point tensors go in as bfloat16, everything else as it is.
 struct WrappedArguments {
@@ -248,6 +270,7 @@ OptimizeResult optimize(const Module& model, const OptimizeOptions& options) {
                                [&] { torch::jit::removeDropout(graph); }, "dropout removal"));
   passes.push_back(run_counted(graph, {"aten::batch_norm"},
                                [&] {
+                                 read_ranks_at_their_source(graph->block());
                                  torch::jit::FoldFrozenConvBatchnorm(graph);
                                  torch::jit::FoldFrozenConvAddOrSub(graph);
                                  torch::jit::FoldFrozenConvMulOrDiv(graph);

@@ -186,6 +186,27 @@ def test_evaluation_under_inference_mode_after_training_steps(dtype):
         assert torch.equal(model(x), want)
 
 
+def test_densenets_batchnorms_after_convolutions_fold():
+    """torchvision's DenseNet checks each BatchNorm's input rank; after an in-place ReLU freezing
+    cannot drop the check on norm2's input, whose extra use of the 1x1 convolution's output used
+    to stop the folding: now every BatchNorm that follows a convolution folds."""
+    import torchvision
+    torch.manual_seed(0)
+    module = torchvision.models.DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16, bn_size=2,
+                                         num_classes=10).eval()
+    names = [name for name, m in module.named_modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    after_convolutions = [name for name in names if name.endswith(("norm0", "norm2"))]
+    _, passes = torch.ops.afterburner.optimize_for_inference(torch.jit.script(module)._c, "fp32")
+    assert f"BatchNorm: {len(after_convolutions)} of {len(names)} removed" in " ".join(passes), passes
+    model = afterburner.optimize(module)
+    for batch in (1, 2, 7):
+        x = torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            first = model(x)
+            expect_python(first, module(x), "fp32")
+            assert torch.equal(model(x), first), "a second call answered otherwise"
+
+
 def test_inference_refreezes_when_the_weights_change():
     module = build("residual").eval()
     model = afterburner.optimize(module)
