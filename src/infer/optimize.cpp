@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "afterburner/core/error.h"
+#include "afterburner/infer/channel_concat.h"
 #include "afterburner/infer/model_file.h"
 #include "afterburner/infer/non_finite.h"
 #include "afterburner/infer/onednn_checks.h"
@@ -306,6 +307,7 @@ Module prepare_for_inference(const Module& optimized) {
   read_sizes_on_onednn(graph);  // first: a size read keeps alive a dense copy the moves would drop
   move_onto_onednn(graph);
   batch_norm_relu_into_onednn(graph);  // after the NaN rewrites: its dense ReLU is LibTorch's already
+  concatenate_into_growing_buffers(graph);
   return prepared;
 }
 

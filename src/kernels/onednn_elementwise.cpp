@@ -167,7 +167,9 @@ at::Tensor broadcast_mul_dense(const at::Tensor& a, const at::Tensor& b) { retur
 // aten::relu keeps it.
 at::Tensor scale_shift_relu_to_onednn(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift) {
   const auto channel_terms = [&](const at::Tensor& t) { return t.dim() == 1 && t.size(0) == x.size(1); };
-  if (x.dim() != 4 || x.scalar_type() != at::kFloat || x.is_mkldnn() || !x.is_contiguous() ||
+  // Each image contiguous; images may lie apart (a channel slice: kernels/channel_concat.h).
+  const bool images_contiguous = x.dim() == 4 && x.size(0) > 0 && x.select(0, 0).is_contiguous();
+  if (x.dim() != 4 || x.scalar_type() != at::kFloat || x.is_mkldnn() || !images_contiguous ||
       !channel_terms(scale) || !channel_terms(shift)) {
     const auto per_channel = [](const at::Tensor& t) { return t.view({1, -1, 1, 1}); };
     return at::relu(x * per_channel(scale) + per_channel(shift)).to_mkldnn();
@@ -182,7 +184,7 @@ at::Tensor scale_shift_relu_to_onednn(const at::Tensor& x, const at::Tensor& sca
   at::parallel_for(0, x.size(0) * channels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t plane = begin; plane < end; ++plane) {
       const float factor = a[plane % channels], term = b[plane % channels];
-      const float* from = in + plane * pixels;
+      const float* from = in + plane / channels * x.stride(0) + plane % channels * pixels;
       float* into = to + plane * pixels;
       for (int64_t p = 0; p < pixels; ++p) {
         const float product = from[p] * factor;

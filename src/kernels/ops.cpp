@@ -127,6 +127,10 @@ TORCH_LIBRARY(afterburner, m) {
   m.def("broadcast_mul(Tensor a, Tensor b) -> Tensor");
   // relu(x * scale + shift) per channel of a dense x, as a oneDNN tensor (kernels/onednn_elementwise.cpp).
   m.def("scale_shift_relu_to_onednn(Tensor x, Tensor scale, Tensor shift) -> Tensor");
+  // torch.cat(tensors, 1) in a buffer with `spare` more channels, and torch.cat([held, *more], 1)
+  // writing only `more` into held's buffer where it has room (kernels/channel_concat.h).
+  m.def("concat_reserve(Tensor[] tensors, int spare) -> Tensor");
+  m.def("concat_append(Tensor(a) held, Tensor[] more, int spare) -> Tensor(a)");
   // relu(x weight^T + bias), as relu(linear(x, weight, bias)).
   m.def("linear_relu(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   register_kernels<linear_relu_op>(m, "linear_relu");

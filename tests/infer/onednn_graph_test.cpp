@@ -3,8 +3,8 @@
 // from adaptive_avg_pool2d(x, 1) through two 1x1 convolutions, relu and hardsigmoid, times x)
 // multiplies on oneDNN's layout and reads sizes without a conversion; silu between convolutions
 // runs on oneDNN's layout; a DenseNet layer's first BatchNorm and ReLU go into oneDNN's layout in
-// one pass. The prepared models answer as LibTorch's ops, at batch 1, 2 and 7, NaN and infinities
-// included.
+// one pass, and a DenseNet block's concatenations into one growing buffer (infer/channel_concat.h).
+// The prepared models answer as LibTorch's ops, at batch 1, 2 and 7, NaN and infinities included.
 #include "afterburner/infer/onednn_graph.h"
 
 #include <gtest/gtest.h>
@@ -172,6 +172,49 @@ TEST(OnednnGraph, DenseNetLayersBatchNormReluGoesIntoOnednnInOnePass) {
     EXPECT_EQ(count(prepared, "aten::batch_norm"), 0) << "the second BatchNorm folds into its convolution";
     expect_answers_as(module, prepared);
   }
+}
+
+// A DenseNet block as torchvision writes it: the features in a list, each layer reading
+// torch.cat(features, 1) through BatchNorm and ReLU, its 8 new channels appended (16, 24 and 32
+// channels in), the block's output the concatenation of all. One buffer holds them all.
+jit::Module dense_block() {
+  torch::manual_seed(0);
+  jit::Module module("__torch__.DenseBlock");
+  module.register_parameter("w0", torch::randn({16, 3, 3, 3}) * 0.3, false);
+  std::string body =
+      "def forward(self, x):\n"
+      "    features = [torch.conv2d(x, self.w0, None, [1, 1], [1, 1], [1, 1], 1)]\n";
+  for (int layer = 0; layer < 3; ++layer) {
+    const int64_t width = 16 + 8 * layer;
+    module.register_parameter(fmt::format("w{}", layer + 1), torch::randn({8, width, 3, 3}) * 0.2, false);
+    module.register_parameter(fmt::format("n{}_weight", layer), torch::rand({width}) + 0.5, false);
+    module.register_parameter(fmt::format("n{}_bias", layer), torch::randn({width}) * 0.1, false);
+    module.register_buffer(fmt::format("n{}_mean", layer), torch::randn({width}) * 0.1);
+    module.register_buffer(fmt::format("n{}_var", layer), torch::rand({width}) + 0.5);
+    body += fmt::format(
+        "    y = torch.relu(torch.batch_norm(torch.cat(features, 1), self.n{0}_weight, self.n{0}_bias, self.n{0}_mean, "
+        "self.n{0}_var, False, 0.1, 1e-5, False))\n"
+        "    features.append(torch.conv2d(y, self.w{1}, None, [1, 1], [1, 1], [1, 1], 1))\n",
+        layer, layer + 1);
+  }
+  module.define(body + "    return torch.cat(features, 1)\n");
+  module.eval();
+  return module;
+}
+
+TEST(OnednnGraph, DenseNetBlocksConcatenateIntoOneGrowingBuffer) {
+  jit::Module module = dense_block();
+  jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
+  EXPECT_EQ(count(prepared, "aten::cat"), 0);
+  EXPECT_EQ(count(prepared, "afterburner::concat_reserve"), 1);
+  EXPECT_EQ(count(prepared, "afterburner::concat_append"), 3);
+  for (const torch::jit::Node* node : prepared.get_method("forward").graph()->nodes()) {
+    if (node->kind().toQualString() == std::string("afterburner::concat_reserve")) {
+      EXPECT_EQ(torch::jit::toIValue(node->input(1))->toInt(), 3 * 8) << "room for the three layers' features";
+    }
+  }
+  EXPECT_EQ(count(prepared, "afterburner::scale_shift_relu_to_onednn"), 3) << "reads the buffer's slices";
+  expect_answers_as(module, prepared);
 }
 
 }  // namespace

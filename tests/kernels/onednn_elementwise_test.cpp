@@ -208,6 +208,11 @@ TEST(OnednnScaleShiftRelu, EqualsATensBatchNormReluAndConversion) {
       EXPECT_TRUE(AgreesWithNonFinite(channel_sum(out), channel_sum(expected.to_mkldnn()), 1e-4, 1e-5))
           << "as a convolution reads it (padding channels 0)";
       EXPECT_TRUE(Identical(x, before)) << "input changed";
+      // A channel slice of a wider tensor (a growing concatenation's, kernels/channel_concat.h).
+      const auto wider = torch::cat({x, torch::randn({batch, 5, 7, 9})}, 1);
+      EXPECT_TRUE(
+          AgreesWithNonFinite(scale_shift_relu_to_onednn(wider.narrow(1, 0, channels), scale, shift).to_dense(),
+                              expected, 1e-6, 1e-6));
       const auto channels_last = x.contiguous(at::MemoryFormat::ChannelsLast);
       EXPECT_TRUE(
           AgreesWithNonFinite(scale_shift_relu_to_onednn(channels_last, scale, shift).to_dense(), expected, 1e-6, 1e-6));

@@ -1,0 +1,112 @@
+#include "afterburner/infer/channel_concat.h"
+
+#include <torch/csrc/jit/ir/constants.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+namespace afterburner::infer {
+namespace {
+
+namespace jit = torch::jit;
+
+bool is_channel_concatenation(const jit::Use& use) {
+  if (use.user->kind() != c10::aten::cat || use.offset != 0) return false;
+  const auto dim = jit::constant_as<int64_t>(use.user->input(1));
+  return dim && *dim == 1;
+}
+
+// The users of `list` (a prim::ListConstruct's) in program order, if it is only appended to
+// (the list returned unused) and concatenated along channels, all in the graph's top block, and
+// holds a tensor at its first concatenation; none otherwise.
+std::vector<jit::Node*> grown_and_concatenated(const jit::Node* list) {
+  std::vector<jit::Node*> users;
+  for (const jit::Use& use : list->output()->uses()) {
+    const bool appended = use.user->kind() == c10::aten::append && use.offset == 0 && !use.user->output()->hasUses();
+    if (use.user->owningBlock() != list->owningBlock() || (!appended && !is_channel_concatenation(use))) return {};
+    users.push_back(use.user);
+  }
+  std::sort(users.begin(), users.end(), [](const jit::Node* a, const jit::Node* b) { return a->isBefore(b); });
+  const auto first_concatenation = std::find_if(users.begin(), users.end(),
+                                                [](const jit::Node* user) { return user->kind() == c10::aten::cat; });
+  if (first_concatenation == users.end()) return {};
+  if (list->inputs().empty() && first_concatenation == users.begin()) return {};
+  return users;
+}
+
+// The channels of `features` where its producer tells: a convolution's (of a constant weight),
+// possibly converted to a dense tensor; 0 where it does not.
+int64_t known_channels(const jit::Value* features) {
+  const jit::Node* producer = features->node();
+  if (producer->kind() == c10::aten::to_dense) producer = producer->input(0)->node();
+  static const std::vector<c10::Symbol> convolutions{
+      c10::aten::conv2d, c10::aten::_convolution, c10::Symbol::fromQualString("prim::mkldnn_convolution"),
+      c10::Symbol::fromQualString("afterburner::conv2d_winograd")};
+  if (std::find(convolutions.begin(), convolutions.end(), producer->kind()) == convolutions.end()) return 0;
+  const jit::Node* weight_node = producer->input(1)->node();
+  // optimize_for_inference's packed weights are constants of a kind of their own.
+  const auto weight = weight_node->kind() == c10::Symbol::fromQualString("prim::ConstantMKLDNNTensor")
+                          ? c10::optional<c10::IValue>(weight_node->t(c10::attr::value))
+                          : jit::toIValue(producer->input(1));
+  return weight && weight->isTensor() && weight->toTensor().dim() >= 1 ? weight->toTensor().size(0) : 0;
+}
+
+// What to append for `features`: the oneDNN tensor itself where `features` is only its dense copy
+// for the list (the buffer's op reorders it straight into place), noting the conversion.
+jit::Value* appended(jit::Value* features, std::vector<jit::Node*>& conversions) {
+  jit::Node* producer = features->node();
+  const auto layout = producer->kind() == c10::aten::to_dense ? jit::toIValue(producer->input(1)) : c10::nullopt;
+  if (!layout || !layout->isNone() || features->uses().size() != 1) return features;
+  conversions.push_back(producer);
+  return producer->input(0);
+}
+
+// Replaces the list's appends and concatenations (`users`, in program order) by the growing
+// buffer's ops.
+void grow_buffer_of(jit::Graph& graph, jit::Node* list, const std::vector<jit::Node*>& users) {
+  std::vector<jit::Value*> pending(list->inputs().begin(), list->inputs().end());
+  std::vector<jit::Node*> conversions;  // to_dense of appended tensors, left without a use
+  jit::Value* held = nullptr;
+  for (size_t i = 0; i < users.size(); ++i) {
+    jit::Node* user = users[i];
+    if (user->kind() == c10::aten::append) {
+      pending.push_back(appended(user->input(1), conversions));
+      continue;
+    }
+    if (pending.empty()) {  // concatenated again with nothing appended: the same tensor
+      user->output()->replaceAllUsesWith(held);
+      continue;
+    }
+    int64_t spare = 0;
+    for (size_t later = i + 1; later < users.size(); ++later) {
+      if (users[later]->kind() == c10::aten::append) spare += known_channels(users[later]->input(1));
+    }
+    const jit::WithInsertPoint point(user);
+    jit::Value* items = graph.insertNode(graph.createList(c10::TensorType::get(), pending))->output();
+    jit::Value* room = graph.insertConstant(spare);
+    held = held ? graph.insert(c10::Symbol::fromQualString("afterburner::concat_append"), {held, items, room})
+                : graph.insert(c10::Symbol::fromQualString("afterburner::concat_reserve"), {items, room});
+    held->setType(user->output()->type());
+    user->output()->replaceAllUsesWith(held);
+    pending.clear();
+  }
+  for (auto user = users.rbegin(); user != users.rend(); ++user) (*user)->destroy();
+  list->destroy();
+  for (jit::Node* conversion : conversions) conversion->destroy();
+}
+
+}  // namespace
+
+int concatenate_into_growing_buffers(std::shared_ptr<jit::Graph>& graph) {
+  std::vector<std::pair<jit::Node*, std::vector<jit::Node*>>> lists;
+  for (jit::Node* node : graph->nodes()) {
+    if (node->kind() != c10::prim::ListConstruct) continue;
+    auto users = grown_and_concatenated(node);
+    if (!users.empty()) lists.emplace_back(node, std::move(users));
+  }
+  for (const auto& [list, users] : lists) grow_buffer_of(*graph, list, users);
+  return static_cast<int>(lists.size());
+}
+
+}  // namespace afterburner::infer
