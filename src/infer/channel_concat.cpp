@@ -17,13 +17,24 @@ bool is_channel_concatenation(const jit::Use& use) {
   return dim && *dim == 1;
 }
 
+// Whether `features` is only a dense copy of a oneDNN tensor, made for the list.
+bool converted_for_the_list(const jit::Value* features) {
+  const jit::Node* producer = features->node();
+  if (producer->kind() != c10::aten::to_dense || features->uses().size() != 1) return false;
+  const auto dtype = jit::toIValue(producer->input(1));
+  return dtype && dtype->isNone();
+}
+
 // The users of `list` (a prim::ListConstruct's) in program order, if it is only appended to
-// (the list returned unused) and concatenated along channels, all in the graph's top block, and
-// holds a tensor at its first concatenation; none otherwise.
+// (features converted from oneDNN's layout, the list returned unused) and concatenated along
+// channels, all in the graph's top block, and holds a tensor at its first concatenation; none
+// otherwise. (bf16 graphs append channels-last features, whose layout at::cat keeps for the
+// convolutions reading them: measured slower through a buffer.)
 std::vector<jit::Node*> grown_and_concatenated(const jit::Node* list) {
   std::vector<jit::Node*> users;
   for (const jit::Use& use : list->output()->uses()) {
-    const bool appended = use.user->kind() == c10::aten::append && use.offset == 0 && !use.user->output()->hasUses();
+    const bool appended = use.user->kind() == c10::aten::append && use.offset == 0 &&
+                          !use.user->output()->hasUses() && converted_for_the_list(use.user->input(1));
     if (use.user->owningBlock() != list->owningBlock() || (!appended && !is_channel_concatenation(use))) return {};
     users.push_back(use.user);
   }
@@ -52,16 +63,6 @@ int64_t known_channels(const jit::Value* features) {
   return weight && weight->isTensor() && weight->toTensor().dim() >= 1 ? weight->toTensor().size(0) : 0;
 }
 
-// What to append for `features`: the oneDNN tensor itself where `features` is only its dense copy
-// for the list (the buffer's op reorders it straight into place), noting the conversion.
-jit::Value* appended(jit::Value* features, std::vector<jit::Node*>& conversions) {
-  jit::Node* producer = features->node();
-  const auto layout = producer->kind() == c10::aten::to_dense ? jit::toIValue(producer->input(1)) : c10::nullopt;
-  if (!layout || !layout->isNone() || features->uses().size() != 1) return features;
-  conversions.push_back(producer);
-  return producer->input(0);
-}
-
 // Replaces the list's appends and concatenations (`users`, in program order) by the growing
 // buffer's ops.
 void grow_buffer_of(jit::Graph& graph, jit::Node* list, const std::vector<jit::Node*>& users) {
@@ -70,8 +71,9 @@ void grow_buffer_of(jit::Graph& graph, jit::Node* list, const std::vector<jit::N
   jit::Value* held = nullptr;
   for (size_t i = 0; i < users.size(); ++i) {
     jit::Node* user = users[i];
-    if (user->kind() == c10::aten::append) {
-      pending.push_back(appended(user->input(1), conversions));
+    if (user->kind() == c10::aten::append) {  // the oneDNN tensor itself: reordered straight into place
+      conversions.push_back(user->input(1)->node());
+      pending.push_back(user->input(1)->node()->input(0));
       continue;
     }
     if (pending.empty()) {  // concatenated again with nothing appended: the same tensor

@@ -29,9 +29,12 @@ ChannelBuffer* buffer_of(const at::Tensor& t) {
   return data.get_deleter() == &free_buffer ? static_cast<ChannelBuffer*>(data.get_context()) : nullptr;
 }
 
-// A dense CPU tensor, or a fp32 oneDNN one (a convolution's output in an optimized graph).
+// A dense CPU tensor not laid out channels-last, or a fp32 oneDNN one (a convolution's output in
+// an optimized graph). at::cat keeps channels-last inputs channels-last, as the convolutions
+// reading them want (bf16 graphs); a slice of a buffer made here would be copied again there.
 bool copyable(const at::Tensor& t) {
-  return (t.layout() == at::kStrided && t.device().is_cpu()) || (t.is_mkldnn() && t.scalar_type() == at::kFloat);
+  if (t.is_mkldnn()) return t.scalar_type() == at::kFloat;
+  return t.layout() == at::kStrided && t.device().is_cpu() && t.suggest_memory_format() == at::MemoryFormat::Contiguous;
 }
 
 // Whether torch.cat(tensors, 1) only copies each tensor into its channels: copyable tensors of

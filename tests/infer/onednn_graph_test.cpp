@@ -217,5 +217,15 @@ TEST(OnednnGraph, DenseNetBlocksConcatenateIntoOneGrowingBuffer) {
   expect_answers_as(module, prepared);
 }
 
+// bf16 graphs append channels-last features, whose layout torch.cat keeps for the convolutions
+// reading them: those concatenations stay LibTorch's.
+TEST(OnednnGraph, Bf16DenseNetBlocksKeepTorchCat) {
+  jit::Module module = dense_block();
+  auto optimized = infer::optimize(module, infer::OptimizeOptions().precision(infer::Precision::bf16)).model;
+  jit::Module prepared = infer::prepare_for_inference(optimized);
+  EXPECT_EQ(count(prepared, "afterburner::concat_reserve"), 0);
+  EXPECT_EQ(count(prepared, "aten::cat"), 4);
+}
+
 }  // namespace
 }  // namespace afterburner::testing

@@ -90,6 +90,10 @@ TEST(ChannelConcat, WhatTorchCatPromotesOrRefusesIsTorchCats) {
   EXPECT_THROW(concat_reserve({x, torch::randn({2, 4, 2, 3})}, 4), c10::Error);
   EXPECT_THROW(concat_append(concat_reserve({x}, 4), {torch::randn({3, 4, 3, 3})}, 0), c10::Error);
   EXPECT_TRUE(BitwiseEqual(concat_reserve({x.narrow(0, 0, 0)}, 4), torch::cat({x.narrow(0, 0, 0)}, 1)));
+  const auto channels_last = x.contiguous(at::MemoryFormat::ChannelsLast);
+  const auto kept = concat_append(concat_reserve({channels_last}, 4), {channels_last}, 0);
+  EXPECT_TRUE(BitwiseEqual(kept, torch::cat({x, x}, 1)));
+  EXPECT_TRUE(kept.is_contiguous(at::MemoryFormat::ChannelsLast)) << "torch.cat's layout";
 }
 
 // A convolution's output on oneDNN's blocked layout (20 channels: a padded last block), as an

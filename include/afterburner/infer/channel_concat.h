@@ -15,9 +15,10 @@
 
 namespace afterburner::infer {
 
-// Rewrites each list of tensors built in the graph's top block and used only by aten::append and
-// aten::cat(list, 1) onto afterburner::concat_reserve (its first concatenation) and
-// afterburner::concat_append (the later ones). The room reserved is the channels of the tensors
+// Rewrites each list of tensors built in the graph's top block and used only by aten::append (of
+// convolution outputs converted from oneDNN's layout: fp32 graphs) and aten::cat(list, 1) onto
+// afterburner::concat_reserve (its first concatenation) and afterburner::concat_append (the later
+// ones), which take the oneDNN tensors themselves. The room reserved is the channels of the tensors
 // appended later where their producer tells (a convolution of a constant weight, possibly
 // converted from oneDNN's layout); where it does not, those concatenations copy as before.
 // Returns how many lists were rewritten.

@@ -22,8 +22,8 @@
 namespace afterburner::kernels {
 
 // torch.cat(tensors, 1), in a buffer of `spare` more channels. Tensors that torch.cat would
-// promote, broadcast or refuse (other dtypes or sizes, not dense, fewer than 2 dims) get
-// at::cat's answer and no room.
+// promote or refuse (other dtypes or sizes, not dense, fewer than 2 dims) and channels-last ones
+// (whose layout torch.cat keeps) get at::cat's answer and no room.
 at::Tensor concat_reserve(at::TensorList tensors, int64_t spare);
 
 // torch.cat([held, *more], 1). When `held` is the widest result so far of a buffer made here and
