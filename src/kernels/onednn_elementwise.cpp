@@ -168,7 +168,7 @@ at::Tensor broadcast_mul_dense(const at::Tensor& a, const at::Tensor& b) { retur
 at::Tensor scale_shift_relu_to_onednn(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift) {
   const auto channel_terms = [&](const at::Tensor& t) { return t.dim() == 1 && t.size(0) == x.size(1); };
   // Each image contiguous; images may lie apart (a channel slice: kernels/channel_concat.h).
-  const bool images_contiguous = x.dim() == 4 && x.size(0) > 0 && x.select(0, 0).is_contiguous();
+  const bool images_contiguous = !x.is_mkldnn() && x.dim() == 4 && x.size(0) > 0 && x.select(0, 0).is_contiguous();
   if (x.dim() != 4 || x.scalar_type() != at::kFloat || x.is_mkldnn() || !images_contiguous ||
       !channel_terms(scale) || !channel_terms(shift)) {
     const auto per_channel = [](const at::Tensor& t) { return t.view({1, -1, 1, 1}); };

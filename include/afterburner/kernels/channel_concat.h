@@ -10,9 +10,9 @@
 //
 // Values and sizes are torch.cat's (copies of the inputs' bits); a result is a dense channel slice
 // of its buffer: contiguous at batch 1, batch-strided otherwise. fp32 oneDNN tensors (an optimized
-// graph's convolution outputs) are read as their dense values, reordered straight into the buffer. Both are registered with the
-// dispatcher (afterburner::concat_reserve, afterburner::concat_append); infer's
-// concatenate_into_growing_buffers rewrites inference graphs onto them.
+// graph's convolution outputs) are read as their dense values, reordered straight into the buffer.
+// Both are registered with the dispatcher (afterburner::concat_reserve, afterburner::concat_append);
+// infer's concatenate_into_growing_buffers rewrites inference graphs onto them.
 #pragma once
 
 #include <ATen/ATen.h>
