@@ -46,21 +46,17 @@ std::vector<jit::Node*> grown_and_concatenated(const jit::Node* list) {
   return users;
 }
 
-// The channels of `features` where its producer tells: a convolution's (of a constant weight),
-// possibly converted to a dense tensor; 0 where it does not.
-int64_t known_channels(const jit::Value* features) {
-  const jit::Node* producer = features->node();
-  if (producer->kind() == c10::aten::to_dense) producer = producer->input(0)->node();
-  static const std::vector<c10::Symbol> convolutions{
-      c10::aten::conv2d, c10::aten::_convolution, c10::Symbol::fromQualString("prim::mkldnn_convolution"),
-      c10::Symbol::fromQualString("afterburner::conv2d_winograd")};
+// The channels of `converted` (a to_dense of a oneDNN tensor) where its producer tells: a oneDNN
+// convolution of optimize_for_inference's packed weight (a constant of a kind of its own); 0 where
+// it does not.
+int64_t known_channels(const jit::Value* converted) {
+  const jit::Node* producer = converted->node()->input(0)->node();
+  static const std::vector<c10::Symbol> convolutions{c10::Symbol::fromQualString("prim::mkldnn_convolution"),
+                                                     c10::Symbol::fromQualString("afterburner::conv2d_winograd")};
   if (std::find(convolutions.begin(), convolutions.end(), producer->kind()) == convolutions.end()) return 0;
-  const jit::Node* weight_node = producer->input(1)->node();
-  // optimize_for_inference's packed weights are constants of a kind of their own.
-  const auto weight = weight_node->kind() == c10::Symbol::fromQualString("prim::ConstantMKLDNNTensor")
-                          ? c10::optional<c10::IValue>(weight_node->t(c10::attr::value))
-                          : jit::toIValue(producer->input(1));
-  return weight && weight->isTensor() && weight->toTensor().dim() >= 1 ? weight->toTensor().size(0) : 0;
+  const jit::Node* weight = producer->input(1)->node();
+  if (weight->kind() != c10::Symbol::fromQualString("prim::ConstantMKLDNNTensor")) return 0;
+  return weight->t(c10::attr::value).size(0);
 }
 
 // Replaces the list's appends and concatenations (`users`, in program order) by the growing

@@ -186,7 +186,8 @@ torch::Tensor scale_shift_relu_to_onednn(const torch::Tensor& x, const torch::Te
 // An inference BatchNorm's ReLU into a oneDNN tensor: ATen's batch_norm (scale and shift formed
 // here from its statistics) and relu, then to_mkldnn, to a rounding (ATen's batch_norm rounds
 // some elements otherwise), NaN and infinities where they put them, at batch 1 and odd sizes;
-// a second call bit for bit; the input left alone. A channels-last input goes the three ops' way.
+// a second call bit for bit; the input left alone. A channel slice of a wider tensor (images
+// apart) takes the one pass too; a channels-last input goes the three ops' way.
 TEST(OnednnScaleShiftRelu, EqualsATensBatchNormReluAndConversion) {
   torch::manual_seed(3);
   const torch::NoGradGuard no_grad;

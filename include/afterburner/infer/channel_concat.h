@@ -19,8 +19,8 @@ namespace afterburner::infer {
 // convolution outputs converted from oneDNN's layout: fp32 graphs) and aten::cat(list, 1) onto
 // afterburner::concat_reserve (its first concatenation) and afterburner::concat_append (the later
 // ones), which take the oneDNN tensors themselves. The room reserved is the channels of the tensors
-// appended later where their producer tells (a convolution of a constant weight, possibly
-// converted from oneDNN's layout); where it does not, those concatenations copy as before.
+// appended later where their producer tells (a oneDNN convolution of a packed constant weight);
+// where it does not, those concatenations copy as before.
 // Returns how many lists were rewritten.
 int concatenate_into_growing_buffers(std::shared_ptr<torch::jit::Graph>& graph);
 
