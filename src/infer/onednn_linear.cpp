@@ -10,18 +10,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "afterburner/kernels/gemm.h"
-
 namespace afterburner::infer {
-namespace {
 
-namespace jit = torch::jit;
-
-// x [..., K] times weight [K, N] (+ bias [N] when defined, then the epilogue), x's leading
-// dimensions kept, as aten::matmul does with a matrix on the right. fp32 products without an
-// epilogue run on oneDNN's sgemm (kernels::addmm), the others on its matmul primitive.
-torch::Tensor rows_times(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                         kernels::Epilogue epilogue = kernels::Epilogue::identity) {
+torch::Tensor linear_on_onednn(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                               kernels::Epilogue epilogue) {
   const torch::Tensor rows = x.reshape({-1, x.size(-1)});
   const bool sgemm = x.scalar_type() == torch::kFloat && epilogue == kernels::Epilogue::identity;
   const torch::Tensor y = !bias.defined() ? kernels::mm(rows, weight)
@@ -32,17 +24,21 @@ torch::Tensor rows_times(const torch::Tensor& x, const torch::Tensor& weight, co
   return y.view(sizes);
 }
 
+namespace {
+
+namespace jit = torch::jit;
+
 TORCH_LIBRARY_FRAGMENT(afterburner, m) {  // the library is src/kernels/ops.cpp
   m.def("linear(Tensor x, Tensor weight, Tensor bias) -> Tensor",
         [](const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-          return rows_times(x, weight, bias);
+          return linear_on_onednn(x, weight, bias);
         });
   m.def("linear_gelu(Tensor x, Tensor weight, Tensor bias) -> Tensor",
         [](const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-          return rows_times(x, weight, bias, kernels::Epilogue::gelu);
+          return linear_on_onednn(x, weight, bias, kernels::Epilogue::gelu);
         });
   m.def("mm(Tensor x, Tensor weight) -> Tensor",
-        [](const torch::Tensor& x, const torch::Tensor& weight) { return rows_times(x, weight, {}); });
+        [](const torch::Tensor& x, const torch::Tensor& weight) { return linear_on_onednn(x, weight, {}); });
 }
 
 using Values = std::unordered_map<std::string, jit::Value*>;

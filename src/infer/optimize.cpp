@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "afterburner/core/error.h"
+#include "afterburner/infer/attention_fast_paths.h"
 #include "afterburner/infer/channel_concat.h"
 #include "afterburner/infer/model_file.h"
 #include "afterburner/infer/non_finite.h"
@@ -299,6 +300,8 @@ Module prepare_for_inference(const Module& optimized) {
   Module prepared = torch::jit::optimize_for_inference(frozen);
   auto graph = prepared.get_method("forward").graph();
   route_matmuls_to_onednn(graph);
+  route_attention_fast_paths_to_ours(graph);
+  fuse_composed_attention(graph);
   convolve_3x3_by_winograd(graph);
   pack_bf16_convolutions(graph);
   kernels::layer_norms_onto_ours(graph);  // LibTorch 1.13 rounds bf16 LayerNorm as it goes, and slowly

@@ -122,7 +122,12 @@ torch::Tensor addmm_fused(const torch::Tensor& bias, const torch::Tensor& a, con
                           Epilogue epilogue) {
   if (!matmul_suits(bias, a, b) || autograd_records({bias, a, b})) {
     const torch::Tensor product = at::addmm(bias, a, b);
-    return epilogue == Epilogue::gelu ? at::gelu(product) : product;
+    switch (epilogue) {
+      case Epilogue::gelu: return at::gelu(product);
+      case Epilogue::relu: return at::relu(product);
+      case Epilogue::identity: break;
+    }
+    return product;
   }
   const dnnl::memory::data_type type = *onednn_type(a.scalar_type());
   torch::Tensor c = at::empty({a.size(0), b.size(1)}, a.options());
@@ -139,7 +144,9 @@ torch::Tensor addmm_fused(const torch::Tensor& bias, const torch::Tensor& a, con
                         {DNNL_ARG_BIAS, memory(bias_desc, bias_row)},
                         {DNNL_ARG_DST, memory(c_desc, c)}});
   stream.wait();
-  return c;
+  // oneDNN's relu post-op makes NaN 0; LibTorch's keeps it: relu runs as LibTorch's, in place on
+  // the fresh output.
+  return epilogue == Epilogue::relu ? c.relu_() : c;
 }
 
 }  // namespace afterburner::kernels

@@ -41,7 +41,8 @@ const std::vector<std::string>& user_model_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> all;
     for (const char* base : {"cnn", "residual", "concat", "two_inputs", "two_outputs", "bn_dropout", "linear_no_bias",
-                             "sequence", "embedding", "shared_weights"}) {
+                             "sequence", "embedding", "shared_weights", "token_attention",
+                             "token_encoder"}) {
       for (const char* variant : {"scripted", "traced", "flat"}) all.push_back(fmt::format("{}_{}", base, variant));
     }
     return all;

@@ -6,7 +6,7 @@ run through every path of afterburner.
 Generate mode:
     /usr/bin/python3 tests/infer/user_models.py DIR
   For each model NAME below (default init right after torch.manual_seed(0), eval mode) it writes
-    DIR/NAME.pt           torch.jit.script(model), or torch.jit.trace(model, inputs) for *_traced,
+    DIR/NAME.pt           torch.jit.script(model), or torch.jit.trace(model, inputs) under no_grad for *_traced,
                           or for *_flat torch.jit.script(model) with every parameter and buffer a
                           view of one storage (as a flat optimizer's buffer holds them, and as
                           `afterburner train --model` exports them)
@@ -167,6 +167,42 @@ class SharedWeights(nn.Module):
         return self.head(torch.relu(self.second(torch.relu(self.first(x)))))
 
 
+class TokenAttention(nn.Module):
+    """Tokens through a pre-norm transformer block as users write one: nn.MultiheadAttention
+    (batch_first, so in evaluation PyTorch takes its fast path, aten::_native_multi_head_attention,
+    asking for the weights by default, which the block drops), a residual, a GELU MLP, the first
+    token (as ViT's class token) into a classifier of four classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.attention = nn.MultiheadAttention(16, 4, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.norm(x)
+        attended, _ = self.attention(h, h, h)
+        x = x + attended
+        return self.head((x + self.mlp(x))[:, 0])
+
+
+class TokenEncoder(nn.Module):
+    """Tokens through nn.TransformerEncoder of pre-norm GELU layers with dropout (batch_first: in
+    evaluation each layer takes PyTorch's fast path, aten::_transformer_encoder_layer_fwd), the
+    first token into a classifier of four classes."""
+
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.1, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.encoder(x)[:, 0])
+
+
 def share_one_storage(model):
     """Every parameter and buffer of `model` re-pointed into one flat buffer, each at an offset
     rounded up to 16 elements; tied parameters stay tied. Saved, the file holds one storage."""
@@ -211,6 +247,8 @@ def corpus():
                      [float_input(5, 16)]),
         "embedding": (EmbeddingBag, [token_input(50, 6)]),
         "shared_weights": (SharedWeights, [float_input(32)]),
+        "token_attention": (TokenAttention, [float_input(6, 16)]),
+        "token_encoder": (TokenEncoder, [float_input(6, 16)]),
     }
 
 
@@ -271,7 +309,11 @@ def generate(out):
             elif variant == "flat":
                 compiled = torch.jit.script(share_one_storage(model))
             else:
-                compiled = torch.jit.trace(model, tuple(x[:2] for x in inputs))
+                # Under no_grad, as inference exports are traced: with grad on, MultiheadAttention's
+                # trace (composed ops) differs from its check's run (no_grad: the fast path) and
+                # torch.jit.trace refuses it.
+                with torch.no_grad():
+                    compiled = torch.jit.trace(model, tuple(x[:2] for x in inputs))
             name = f"{base}_{variant}"
             compiled.save(str(out / f"{name}.pt"))
             save_fixture(fixture_tensors(compiled, inputs), out / f"{name}_io.pt")

@@ -110,6 +110,28 @@ namespace {
 // gelu(z) = z Phi(z) = z (1 + erf(z / sqrt 2)) / 2, the erf form, in double.
 torch::Tensor reference_gelu(const torch::Tensor& z) { return 0.5 * z * (1 + torch::erf(z / std::sqrt(2.0))); }
 
+torch::Tensor reference_epilogue(const torch::Tensor& z, kernels::Epilogue epilogue) {
+  switch (epilogue) {
+    case kernels::Epilogue::gelu: return reference_gelu(z);
+    case kernels::Epilogue::relu: return z.clamp_min(0);
+    case kernels::Epilogue::identity: break;
+  }
+  return z;
+}
+
+// LibTorch's op for the epilogue, as the unfused graph runs it.
+torch::Tensor libtorch_epilogue(const torch::Tensor& product, kernels::Epilogue epilogue) {
+  switch (epilogue) {
+    case kernels::Epilogue::gelu: return at::gelu(product);
+    case kernels::Epilogue::relu: return at::relu(product);
+    case kernels::Epilogue::identity: break;
+  }
+  return product;
+}
+
+const std::vector<kernels::Epilogue> kEpilogues{kernels::Epilogue::identity, kernels::Epilogue::gelu,
+                                                kernels::Epilogue::relu};
+
 torch::Tensor reference_addmm(const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b) {
   return reference_mm(a, b) + bias.to(torch::kDouble);
 }
@@ -117,7 +139,7 @@ torch::Tensor reference_addmm(const torch::Tensor& bias, const torch::Tensor& a,
 // A transformer MLP's first layer (K 96 -> N 384) over 3,136 tokens of 1-3 rows, and odd sizes.
 const std::vector<std::vector<int64_t>> kFusedShapes{{1, 96, 384}, {3, 96, 384}, {3136, 96, 384}, {37, 17, 53}};
 
-TEST(AddmmFused, Fp32MatchesDoublePrecisionWithAndWithoutGelu) {
+TEST(AddmmFused, Fp32MatchesDoublePrecisionWithEachEpilogue) {
   torch::manual_seed(8);
   for (const auto& shape : kFusedShapes) {
     const auto a = torch::randn({shape[0], shape[1]}), weight = torch::randn({shape[2], shape[1]}) / 10;
@@ -127,6 +149,7 @@ TEST(AddmmFused, Fp32MatchesDoublePrecisionWithAndWithoutGelu) {
     EXPECT_TRUE(AllClose(kernels::addmm_fused(bias, a, b, kernels::Epilogue::identity), z, 1e-4, 1e-4));
     EXPECT_TRUE(AllClose(kernels::addmm_fused(bias, a, b.contiguous(), kernels::Epilogue::gelu), reference_gelu(z),
                          1e-4, 1e-4));
+    EXPECT_TRUE(AllClose(kernels::addmm_fused(bias, a, b, kernels::Epilogue::relu), z.clamp_min(0), 1e-4, 1e-4));
   }
 }
 
@@ -138,11 +161,10 @@ TEST(AddmmFused, Bf16IsTheExactAnswerRoundedOnce) {
     const auto a = torch::randn({shape[0], shape[1]}).to(torch::kBFloat16);
     const auto b = (torch::randn({shape[1], shape[2]}) / 10).to(torch::kBFloat16);
     const auto bias = torch::randn({shape[2]}).to(torch::kBFloat16);
-    for (const auto epilogue : {kernels::Epilogue::identity, kernels::Epilogue::gelu}) {
+    for (const auto epilogue : kEpilogues) {
       const auto y = kernels::addmm_fused(bias, a, b, epilogue);
       ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
-      const auto z = reference_addmm(bias, a, b);
-      const auto exact = epilogue == kernels::Epilogue::gelu ? reference_gelu(z) : z;
+      const auto exact = reference_epilogue(reference_addmm(bias, a, b), epilogue);
       const auto error = (y.to(torch::kDouble) - exact).abs();
       EXPECT_TRUE((error <= exact.abs() * std::ldexp(1.0, -8) + 1e-4).all().item<bool>())
           << "largest error " << error.max().item<double>();
@@ -150,8 +172,9 @@ TEST(AddmmFused, Bf16IsTheExactAnswerRoundedOnce) {
   }
 }
 
-// NaN and infinities come out where LibTorch's addmm then gelu puts them (its gelu is oneDNN's
-// eltwise, the post-op's own code); inputs unchanged; a second call gives the same bits.
+// NaN and infinities come out where LibTorch's addmm then gelu or relu puts them (its gelu is
+// oneDNN's eltwise, the post-op's own code; relu keeps NaN); inputs unchanged; a second call gives
+// the same bits.
 TEST(AddmmFused, PropagatesNonFiniteValuesAsLibTorchAndLeavesInputsAlone) {
   torch::manual_seed(10);
   auto a = torch::randn({6, 16});
@@ -162,9 +185,8 @@ TEST(AddmmFused, PropagatesNonFiniteValuesAsLibTorchAndLeavesInputsAlone) {
   auto bias = torch::randn({9});
   bias[4] = std::numeric_limits<float>::quiet_NaN();
   const auto a_before = a.clone(), b_before = b.clone(), bias_before = bias.clone();
-  for (const auto epilogue : {kernels::Epilogue::identity, kernels::Epilogue::gelu}) {
-    const auto product = at::addmm(bias, a, b);
-    const auto expected = epilogue == kernels::Epilogue::gelu ? at::gelu(product) : product;
+  for (const auto epilogue : kEpilogues) {
+    const auto expected = libtorch_epilogue(at::addmm(bias, a, b), epilogue);
     const auto first = kernels::addmm_fused(bias, a, b, epilogue), second = kernels::addmm_fused(bias, a, b, epilogue);
     EXPECT_TRUE(torch::equal(first.isnan(), expected.isnan()));
     EXPECT_TRUE(torch::equal(first.isposinf(), expected.isposinf()));
@@ -192,8 +214,10 @@ TEST(AddmmFused, OtherCasesAreLibTorchsOps) {
   for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(ours_grads[i], their_grads[i]));
   const auto ad = a.detach().to(torch::kDouble), bd = b.detach().to(torch::kDouble);
   const auto biasd = bias.detach().to(torch::kDouble);
-  EXPECT_TRUE(torch::equal(kernels::addmm_fused(biasd, ad, bd, kernels::Epilogue::gelu),
-                           at::gelu(at::addmm(biasd, ad, bd))));
+  for (const auto epilogue : kEpilogues) {
+    EXPECT_TRUE(torch::equal(kernels::addmm_fused(biasd, ad, bd, epilogue),
+                             libtorch_epilogue(at::addmm(biasd, ad, bd), epilogue)));
+  }
   const auto broadcast_bias = torch::randn({1}).expand({3});
   EXPECT_TRUE(torch::equal(kernels::addmm_fused(broadcast_bias, a.detach(), b.detach(), kernels::Epilogue::identity),
                            at::addmm(broadcast_bias, a.detach(), b.detach())));

@@ -111,9 +111,19 @@ def expect_within_pytorch(got, want, other_layout, what):
     assert difference <= bound, f"{what} differs by {difference:.3g} (bound {bound:.3g})"
 
 
+def with_drawn_classifiers(module):
+    """`module` with any Linear layer initialised at zero (torchvision's VisionTransformer head)
+    drawn at random: an all-zero output would hide every difference."""
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, torch.nn.Linear) and not m.weight.any():
+                torch.nn.init.normal_(m.weight, std=0.1)
+    return module
+
+
 @pytest.mark.parametrize("name", EAGER)
 def test_inference_answers_as_the_module_frozen_and_with_gradients(name):
-    module = build(name).eval()
+    module = with_drawn_classifiers(build(name)).eval()
     model = afterburner.optimize(module)
     for batch in (1, 2, 7, 64):
         x, _ = images(batch)
@@ -185,6 +195,56 @@ def test_evaluation_under_inference_mode_after_training_steps(dtype):
         want = model(x)
     with torch.inference_mode():
         assert torch.equal(model(x), want)
+
+
+@pytest.mark.parametrize("name, ours, native, calls", [
+    ("vision_transformer", "afterburner::self_attention", "aten::_native_multi_head_attention", 2),
+    ("residual_attention", "afterburner::self_attention", "aten::_native_multi_head_attention", 1),
+    ("rows_transformer", "afterburner::encoder_layer", "aten::_transformer_encoder_layer_fwd", 2)])
+def test_attentions_fast_paths_run_on_our_kernels(name, ours, native, calls):
+    """In evaluation MultiheadAttention and TransformerEncoderLayer call PyTorch's fast paths,
+    which afterburner.optimize runs on our kernels (src/infer/attention_fast_paths.cpp): every
+    layer's call, the native op never running (ResidualAttention asks for the weights, as
+    MultiheadAttention does by default, and drops them), with the module's answers (the inference
+    test above checks them at four batches)."""
+    module = with_drawn_classifiers(build(name)).eval()
+    model = afterburner.optimize(module)
+    x, _ = images(3)
+    with torch.no_grad(), torch.profiler.profile() as profile:
+        expect_python(model(x), module(x).clone(), "fp32")
+    graph = str(model.forward._frozen.graph)
+    assert graph.count(ours) == calls, graph
+    assert native not in graph
+    ran = {event.key: event.count for event in profile.key_averages()}
+    assert ran.get(native) == calls, "only the eager module's calls run the native op"
+
+
+class DefaultAttention(torch.nn.Module):
+    """nn.MultiheadAttention as its defaults make it (sequence first, dropout 0.1): PyTorch runs
+    its composed forward in evaluation too, whose bmm-softmax-bmm runs on our fused kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(32, 4, dropout=0.1)
+        self.head = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        tokens = x.squeeze(1).transpose(0, 1)  # [28 tokens, batch, 32 features]: sequence first
+        attended, _ = self.attention(tokens, tokens, tokens, need_weights=False)
+        return self.head(attended.mean(0))
+
+
+def test_multihead_attentions_composed_forward_runs_on_our_kernel():
+    torch.manual_seed(0)
+    module = DefaultAttention().eval()
+    model = afterburner.optimize(module)
+    for batch in (1, 2, 7):
+        x = torch.randn(batch, 1, 28, 32)
+        with torch.no_grad():
+            first = model(x)
+            expect_python(first, module(x), "fp32")
+            assert torch.equal(model(x), first), "a second call answered otherwise"
+    assert "afterburner::attention" in str(model.forward._frozen.graph)
 
 
 def test_densenets_batchnorms_after_convolutions_fold():

@@ -28,11 +28,24 @@ from served import BINARY, infer_binary, running_server
 
 pytestmark = pytest.mark.skipif(not BINARY, reason="needs AFTERBURNER_BINARY (set by ctest)")
 
-NAMES = ["mobilenet_v3_small", "mobilenet_v2", "shufflenet_v2_x0_5", "densenet_small"]
+NAMES = ["mobilenet_v3_small", "mobilenet_v2", "shufflenet_v2_x0_5", "densenet_small", "vit_small"]
+
+
+def vit_small():
+    """torchvision's VisionTransformer at 224x224 with ViT-B/32's patches and two narrow layers: its
+    MultiheadAttention's fast path served on our attention kernel (src/infer/attention_fast_paths.cpp).
+    The classifier is initialised at zero by torchvision: drawn at random here."""
+    model = torchvision.models.VisionTransformer(image_size=224, patch_size=32, num_layers=2, num_heads=4,
+                                                 hidden_dim=64, mlp_dim=128)
+    torch.nn.init.normal_(model.heads.head.weight, std=0.1)
+    return model
+
+
 # torchvision's DenseNet with fewer and narrower layers: its blocks' concatenations served from one
 # growing buffer each (src/infer/channel_concat.cpp), at a tenth of DenseNet-121's time.
 SMALL = {"densenet_small": lambda: torchvision.models.DenseNet(growth_rate=16, block_config=(3, 4, 3),
-                                                                 num_init_features=32, bn_size=2)}
+                                                                 num_init_features=32, bn_size=2),
+         "vit_small": vit_small}
 BATCH_SIZES = (1, 2, 7)
 # fp32 reassociated (oneDNN's convolutions, BatchNorm folded): observed up to 2e-6 of the scale.
 RELATIVE_BOUND = 2e-5

@@ -16,7 +16,17 @@
 
 #include <memory>
 
+#include "afterburner/kernels/gemm.h"
+
 namespace afterburner::infer {
+
+// epilogue(x [..., K] times weight [K, N] + bias [N]) with x's leading dimensions kept, as
+// aten::matmul does with a matrix on the right; no bias when it is undefined. What
+// afterburner::linear computes: fp32 products without an epilogue on oneDNN's sgemm
+// (kernels::addmm, which reads a transposed weight view as it lies), the others on its matmul
+// primitive (kernels::addmm_fused).
+torch::Tensor linear_on_onednn(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                               kernels::Epilogue epilogue = kernels::Epilogue::identity);
 
 // Rewrites matmul(x, W) + add(., b, 1), followed or not by gelu (erf form), where W is a constant
 // fp32 or bf16 matrix and b a constant vector of W's width and dtype (with gelu: one oneDNN matmul

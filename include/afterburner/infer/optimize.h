@@ -53,12 +53,13 @@ struct OptimizeResult {
 OptimizeResult optimize(const torch::jit::Module& model, const OptimizeOptions& options = {});
 
 // torch::jit::optimize_for_inference on a copy of an optimized (frozen) model: convolutions on
-// oneDNN's blocked layout with prepacked weights, linear weights pre-transposed, then fp32
-// linear layers routed to oneDNN's GEMM (onednn_linear.h), 3x3 convolutions by Winograd where it
-// pays (winograd_conv.h), the oneDNN ops that would drop NaN or infinities rewritten
-// (non_finite.h) and DenseNet's concatenations into growing buffers (channel_concat.h). Same
-// outputs up to float rounding, NaN and infinities where LibTorch's ops put them; the result
-// cannot be saved.
+// oneDNN's blocked layout with prepacked weights, linear weights pre-transposed, then fp32 linear
+// layers routed to oneDNN's GEMM (onednn_linear.h), MultiheadAttention's and
+// TransformerEncoderLayer's fast paths and MultiheadAttention's composed attention onto our
+// kernels (attention_fast_paths.h), 3x3 convolutions by Winograd where it pays (winograd_conv.h),
+// the oneDNN ops that would drop NaN or infinities rewritten (non_finite.h) and DenseNet's
+// concatenations into growing buffers (channel_concat.h). Same outputs up to float rounding, NaN
+// and infinities where LibTorch's ops put them; the result cannot be saved.
 torch::jit::Module prepare_for_inference(const torch::jit::Module& optimized);
 
 // load_model then prepare_for_inference. Throws ModelError naming the file.

@@ -24,12 +24,12 @@ torch::Tensor mm(const torch::Tensor& a, const torch::Tensor& b);
 torch::Tensor addmm(const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b);
 
 // What follows the product in addmm_fused's single pass over its output.
-enum class Epilogue { identity, gelu };
+enum class Epilogue { identity, gelu, relu };
 
-// epilogue(bias [N] added to every row of a [M, K] times b [K, N]), gelu of the erf form, for
-// inference: one oneDNN matmul primitive with the bias and the activation applied to the fp32
-// accumulator as it is written out, where LibTorch makes three passes over the output (a GEMM, an
-// add of the bias, a gelu). a, b and bias all fp32 or all bf16 (the result rounded to bf16 once);
+// epilogue(bias [N] added to every row of a [M, K] times b [K, N]), gelu of the erf form or relu,
+// for inference: one oneDNN matmul primitive with the bias and gelu applied to the fp32 accumulator
+// as it is written out, where LibTorch makes three passes over the output (a GEMM, an add of the
+// bias, an activation); relu follows in place (oneDNN's relu post-op would turn NaN into 0). a, b and bias all fp32 or all bf16 (the result rounded to bf16 once);
 // other dtypes and the autograd case of mm run LibTorch's ops in sequence.
 torch::Tensor addmm_fused(const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b,
                           Epilogue epilogue);
