@@ -10,6 +10,11 @@ the geometric means.
         [--seconds 2] [--models resnet18,mobilenet_v3_small,efficientnet_b0,densenet121,convnext_tiny,vit_b_16]
         [--allocator tcmalloc|glibc|glibc-kept]
 
+Besides torchvision's builders, --models takes the transformers of TOKEN_MODELS, written directly
+with torch.nn (nn.TransformerEncoder of batch_first layers: in evaluation PyTorch runs each layer as
+its fused fast path, aten::_transformer_encoder_layer_fwd; nn.MultiheadAttention with its defaults,
+which runs its composed forward), on random token features.
+
 Python's side is the faster, measured in each round, of
   frozen  torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.script(model))), float32
           (what PyTorch's performance guide recommends for CPU inference), and, for bf16,
@@ -48,6 +53,33 @@ from architectures_train import ALLOCATORS, TCMALLOC, autocast_lacks_bf16_layer_
 from machine import cpu_description, load_description
 
 DEFAULT_MODELS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "densenet121", "convnext_tiny", "vit_b_16")
+
+
+def encoder(width, heads, hidden, activation, layers):
+    layer = torch.nn.TransformerEncoderLayer(width, heads, hidden, activation=activation, batch_first=True)
+    return torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+
+class DefaultAttention(torch.nn.Module):
+    """nn.MultiheadAttention with its defaults (sequence first, here with dropout 0.1): in
+    evaluation PyTorch runs its composed forward (bmm, softmax, bmm), not the fast path."""
+
+    def __init__(self, width, heads):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(width, heads, dropout=0.1)
+
+    def forward(self, x):
+        tokens = x.transpose(0, 1)
+        return self.attention(tokens, tokens, tokens, need_weights=False)[0].transpose(0, 1)
+
+
+# name -> (builder, one sample's shape): BERT-base's layers over 128 tokens, a small encoder, and
+# one ViT-B-sized attention of MultiheadAttention's defaults over 197 tokens.
+TOKEN_MODELS = {
+    "bert_base_encoder": (lambda: encoder(768, 12, 3072, "gelu", 4), (128, 768)),
+    "small_encoder": (lambda: encoder(256, 8, 1024, "relu", 4), (64, 256)),
+    "default_attention": (lambda: DefaultAttention(768, 12), (197, 768)),
+}
 BATCH_SIZES = (1, 32)
 THREADS = 2
 WARMUP_CALLS = 2
@@ -111,11 +143,12 @@ def deviation(call, model, batch):
 
 
 def built(name):
-    """torchvision's model with random weights, those it initialises to zero (ViT's head) drawn
-    from N(0, 0.02), so that its logits differ from image to image and the check above means
-    something."""
+    """torchvision's model (or TOKEN_MODELS') with random weights, those it initialises to zero
+    (ViT's head) drawn from N(0, 0.02), so that its logits differ from image to image and the check
+    above means something."""
     torch.manual_seed(0)
-    model = getattr(torchvision.models, name)(num_classes=1000).eval()
+    model = TOKEN_MODELS[name][0]() if name in TOKEN_MODELS else getattr(torchvision.models, name)(num_classes=1000)
+    model = model.eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2 and not p.any():
@@ -128,7 +161,8 @@ def compare_model(args, name):
     started = time.perf_counter()
     ours = afterburner.optimize(model, dtype=torch.bfloat16 if args.precision == "bf16" else None)
     print(f"{name}: afterburner.optimize took {time.perf_counter() - started:.1f} s")
-    batches = {b: torch.randn(b, 3, 224, 224, generator=torch.Generator().manual_seed(b)) for b in BATCH_SIZES}
+    sample = TOKEN_MODELS[name][1] if name in TOKEN_MODELS else (3, 224, 224)
+    batches = {b: torch.randn(b, *sample, generator=torch.Generator().manual_seed(b)) for b in BATCH_SIZES}
     theirs = working(python_sides(model, args.precision), batches[1])
     sides = {"afterburner": ours, **theirs}
     print("  logits' difference from the eager module's, against their scale: "
@@ -183,7 +217,8 @@ def print_table(args, results):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="torchvision.models builders")
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help="torchvision.models builders, or " + ", ".join(TOKEN_MODELS))
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0, help="per side, batch size and round")
