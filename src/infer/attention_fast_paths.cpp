@@ -17,6 +17,7 @@
 #include "afterburner/infer/onednn_linear.h"
 #include "afterburner/kernels/attention.h"
 #include "afterburner/kernels/layer_norm.h"
+#include "graph_edits.h"
 
 namespace afterburner::infer {
 namespace {
@@ -127,25 +128,7 @@ void collect_routable(jit::Block* block, std::vector<jit::Node*>& calls) {
   }
 }
 
-// `call` replaced by `op` on `inputs`, with the call's outputs.
-void replace(jit::Node* call, const char* op, at::ArrayRef<jit::Value*> inputs) {
-  jit::Node* ours = call->owningGraph()->create(c10::Symbol::fromQualString(op), inputs, call->outputs().size());
-  ours->insertBefore(call);
-  for (size_t i = 0; i < call->outputs().size(); ++i) ours->output(i)->setType(call->output(i)->type());
-  call->replaceAllUsesWith(ours);
-  call->destroy();
-}
-
 // ---- The composed attention ----
-
-int count_nodes(const jit::Block* block, c10::Symbol kind) {
-  int count = 0;
-  for (const jit::Node* node : block->nodes()) {
-    count += node->kind() == kind;
-    for (const jit::Block* inner : node->blocks()) count += count_nodes(inner, kind);
-  }
-  return count;
-}
 
 // Whether the match's value `name` is a constant int among `allowed`.
 bool constant_among(const jit::Match& match, const std::unordered_map<std::string, jit::Value*>& values,
@@ -245,7 +228,7 @@ TORCH_LIBRARY_FRAGMENT(afterburner, m) {  // the library is src/kernels/ops.cpp
 }
 
 int fuse_composed_attention(std::shared_ptr<jit::Graph>& graph) {
-  const auto count = [&] { return count_nodes(graph->block(), c10::Symbol::fromQualString("afterburner::attention")); };
+  const auto count = [&] { return count_nodes(graph->block(), {"afterburner::attention"}); };
   const int before = count();
   jit::SubgraphRewriter rewriter;
   // q comes scaled (MultiheadAttention divides it by sqrt(D) first): the kernel's scale is 1.
@@ -272,7 +255,7 @@ int route_attention_fast_paths_to_ours(std::shared_ptr<jit::Graph>& graph) {
   collect_routable(graph->block(), calls);
   for (jit::Node* call : calls) {
     if (call->kind() == kNativeEncoderLayer) {
-      replace(call, "afterburner::encoder_layer", call->inputs());
+      replace_by_call(call, "afterburner::encoder_layer", call->inputs());
     } else {
       std::vector<jit::Value*> inputs = call->inputs().vec();
       // need_weights is MultiheadAttention's default; weights nobody reads need not be computed.
@@ -281,7 +264,7 @@ int route_attention_fast_paths_to_ours(std::shared_ptr<jit::Graph>& graph) {
         inputs[kNeedWeights] = graph->insertConstant(false);
       }
       inputs.erase(inputs.begin() + kKey, inputs.begin() + kValue + 1);
-      replace(call, "afterburner::self_attention", inputs);
+      replace_by_call(call, "afterburner::self_attention", inputs);
     }
   }
   return static_cast<int>(calls.size());

@@ -5,8 +5,10 @@
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace afterburner::infer {
@@ -19,16 +21,25 @@ inline std::optional<std::vector<int64_t>> constant_int_pair(torch::jit::Value* 
   return constant->toIntList().vec();
 }
 
-// Replaces `node` (one output) by a call of `op` on `inputs`, inserted where the node was.
-inline void replace_by_call(torch::jit::Node* node, const char* op, const std::vector<torch::jit::NamedValue>& inputs) {
-  torch::jit::Value* replacement = nullptr;
-  {
-    const torch::jit::WithInsertPoint insert_point(node);  // restored before the node goes
-    replacement = node->owningGraph()->insert(c10::Symbol::fromQualString(op), inputs);
-  }
-  replacement->setType(node->output()->type());
-  node->output()->replaceAllUsesWith(replacement);
+// Replaces `node` by a call of `op` on `inputs`, inserted where the node was, whose outputs (as
+// many, of the same types) take the places of the node's.
+inline void replace_by_call(torch::jit::Node* node, const char* op, at::ArrayRef<torch::jit::Value*> inputs) {
+  torch::jit::Node* call =
+      node->owningGraph()->create(c10::Symbol::fromQualString(op), inputs, node->outputs().size());
+  call->insertBefore(node);
+  for (size_t i = 0; i < node->outputs().size(); ++i) call->output(i)->setType(node->output(i)->type());
+  node->replaceAllUsesWith(call);
   node->destroy();
+}
+
+// How many nodes of `block`, and of the blocks inside its nodes, are of one of `kinds`.
+inline int count_nodes(const torch::jit::Block* block, const std::vector<std::string>& kinds) {
+  int count = 0;
+  for (const torch::jit::Node* node : block->nodes()) {
+    count += std::find(kinds.begin(), kinds.end(), node->kind().toQualString()) != kinds.end();
+    for (const torch::jit::Block* inner : node->blocks()) count += count_nodes(inner, kinds);
+  }
+  return count;
 }
 
 }  // namespace afterburner::infer

@@ -24,6 +24,7 @@
 #include "afterburner/infer/packed_conv.h"
 #include "afterburner/infer/winograd_conv.h"
 #include "afterburner/kernels/fuse.h"
+#include "graph_edits.h"
 
 namespace afterburner::infer {
 using torch::jit::Graph;
@@ -56,19 +57,6 @@ Tolerance default_tolerance(Precision precision) {
 }
 
 namespace {
-
-int count_nodes(const torch::jit::Block* block, const std::vector<std::string>& kinds) {
-  int count = 0;
-  for (const Node* node : block->nodes()) {
-    for (const auto& kind : kinds) count += node->kind().toQualString() == kind;
-    for (const auto* inner : node->blocks()) count += count_nodes(inner, kinds);
-  }
-  return count;
-}
-
-int count_nodes(const std::shared_ptr<Graph>& graph, const std::vector<std::string>& kinds) {
-  return count_nodes(graph->block(), kinds);
-}
 
 std::shared_ptr<Graph> forward_graph(const Module& model) { return model.get_method("forward").graph(); }
 
@@ -199,9 +187,9 @@ Module in_bfloat16(Module frozen, std::vector<std::string>& passes) {
 template <typename Pass>
 std::string run_counted(const std::shared_ptr<Graph>& graph, const std::vector<std::string>& kinds,
                         Pass pass, const std::string& description) {
-  const int before = count_nodes(graph, kinds);
+  const int before = count_nodes(graph->block(), kinds);
   pass();
-  return fmt::format("{}: {} of {} removed", description, before - count_nodes(graph, kinds), before);
+  return fmt::format("{}: {} of {} removed", description, before - count_nodes(graph->block(), kinds), before);
 }
 
 // Per output channel, symmetric: w ~= scale[o] * q[o][i], q in [-127, 127], zero point 0 (what

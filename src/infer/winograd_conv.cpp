@@ -155,8 +155,8 @@ int convolve_3x3_by_winograd(std::shared_ptr<jit::Graph>& graph) {
     if (!weight) continue;
     jit::WithInsertPoint insert_point(conv);
     jit::Value* weights = graph->insertConstant(c10::IValue(c10::make_intrusive<WinogradWeights>(*weight)));
-    std::vector<jit::NamedValue> inputs(conv->inputs().begin(), conv->inputs().end());
-    inputs.emplace_back(weights);
+    std::vector<jit::Value*> inputs = conv->inputs().vec();
+    inputs.push_back(weights);
     replace_by_call(conv, "afterburner::conv2d_winograd", inputs);
     ++rewritten;
   }
