@@ -11,6 +11,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/core/heap.h"
+#include "afterburner/core/signals.h"
 #include "afterburner/serve/http_server.h"
 #include "afterburner/serve/model_service.h"
 #include "commands.h"
@@ -48,12 +49,8 @@ class StopSignals {
   StopSignals() {
     if (pipe(pipe_) != 0) throw Error("cannot create the signal pipe");
     stop_pipe_write = pipe_[1];
-    struct sigaction action {};
-    action.sa_handler = on_stop_signal;
-    action.sa_flags = SA_RESTART;
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGTERM, &action, nullptr);
-    sigaction(SIGINT, &action, nullptr);
+    handle_signal(SIGTERM, on_stop_signal, SA_RESTART);
+    handle_signal(SIGINT, on_stop_signal, SA_RESTART);
   }
   ~StopSignals() {
     signal(SIGTERM, SIG_DFL);

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <thread>
 
+#include "afterburner/core/signals.h"
+
 namespace afterburner::dist {
 namespace {
 
@@ -130,11 +132,7 @@ void survive_broken_pipes() {
   struct sigaction current {};
   sigaction(SIGPIPE, nullptr, &current);
   if (current.sa_handler != SIG_DFL) return;
-  struct sigaction swallow {};
-  swallow.sa_handler = [](int) {};
-  swallow.sa_flags = SA_RESTART;
-  sigemptyset(&swallow.sa_mask);
-  sigaction(SIGPIPE, &swallow, nullptr);
+  handle_signal(SIGPIPE, [](int) {}, SA_RESTART);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "afterburner/core/error.h"
+#include "afterburner/core/signals.h"
 #include "afterburner/dist/group.h"
 
 extern char** environ;
@@ -49,11 +50,8 @@ class ForwardSignals {
  public:
   ForwardSignals() {
     interrupted = 0;
-    struct sigaction action {};
-    action.sa_handler = forward_signal;
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, &previous_int_);
-    sigaction(SIGTERM, &action, &previous_term_);
+    previous_int_ = handle_signal(SIGINT, forward_signal);
+    previous_term_ = handle_signal(SIGTERM, forward_signal);
   }
   ~ForwardSignals() {
     sigaction(SIGINT, &previous_int_, nullptr);

@@ -2,6 +2,8 @@
 
 #include <time.h>
 
+#include "afterburner/core/signals.h"
+
 namespace afterburner::train {
 namespace {
 
@@ -30,10 +32,7 @@ const std::atomic<bool>& interrupt_requested() { return requested; }
 
 StopOnInterrupt::StopOnInterrupt() {
   requested = false;
-  struct sigaction action {};
-  action.sa_handler = on_interrupt;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGINT, &action, &previous_);
+  previous_ = handle_signal(SIGINT, on_interrupt);
 }
 
 StopOnInterrupt::~StopOnInterrupt() {

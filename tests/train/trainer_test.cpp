@@ -226,6 +226,9 @@ TEST(Trainer, CtrlCEndsTheRunAfterTheStepInProgress) {
   TrainReport report;
   {
     StopOnInterrupt stop_on_ctrl_c;
+    struct sigaction installed {};
+    sigaction(SIGINT, nullptr, &installed);
+    EXPECT_TRUE(installed.sa_flags & SA_ONSTACK) << "a Ctrl-C inside oneDNN's GEMM would write into the heap";
     report = trainer.fit();
     EXPECT_TRUE(interrupt_requested());
   }
