@@ -70,9 +70,16 @@ def optimize(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] 
     if optimizer is not None:
         _check_parameters_of(model, optimizer)
     inference = optimizer is None and not model.training
+    # Under torch.inference_mode() the copy's and the layout's tensors would be inference tensors,
+    # which neither autograd nor the version counters that tell us of changed weights can follow.
+    with torch.inference_mode(False):
+        return _optimized(model, optimizer, dtype, inference, inplace, channels_last, sample_input)
+
+
+def _optimized(model, optimizer, dtype, inference, inplace, channels_last, sample_input):
     if _driven_by_scheduler(optimizer) and (not inplace or _fused_class(optimizer)):
         warnings.warn("afterburner.optimize: an LR scheduler drives the optimizer given, not the one returned; "
-                      "make schedulers from the optimizer afterburner.optimize returns", stacklevel=2)
+                      "make schedulers from the optimizer afterburner.optimize returns", stacklevel=3)
     if not inplace:
         model, optimizer = copy.deepcopy((model, optimizer))  # one memo: the copy's optimizer holds the copy's params
         _drop_scheduler_hook(optimizer)
@@ -254,7 +261,8 @@ class _OptimizedForward:
         return _in_float32(output)
 
     def _weight_versions(self):
-        return [(t._version, t.data_ptr()) for t in self._weights]
+        # An inference tensor keeps no version counter; outside inference mode it cannot change.
+        return [(None if t.is_inference() else t._version, t.data_ptr()) for t in self._weights]
 
     def _freeze(self):
         frozen, _ = torch.ops.afterburner.optimize_for_inference(self._script._c, self._settings[0])

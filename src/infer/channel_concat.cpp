@@ -52,7 +52,8 @@ std::vector<jit::Node*> grown_and_concatenated(const jit::Node* list) {
 int64_t known_channels(const jit::Value* converted) {
   const jit::Node* producer = converted->node()->input(0)->node();
   static const std::vector<c10::Symbol> convolutions{c10::Symbol::fromQualString("prim::mkldnn_convolution"),
-                                                     c10::Symbol::fromQualString("afterburner::conv2d_winograd")};
+                                                     c10::Symbol::fromQualString("afterburner::conv2d_winograd"),
+                                                     c10::Symbol::fromQualString("afterburner::conv2d_activation")};
   if (std::find(convolutions.begin(), convolutions.end(), producer->kind()) == convolutions.end()) return 0;
   const jit::Node* weight = producer->input(1)->node();
   if (weight->kind() != c10::Symbol::fromQualString("prim::ConstantMKLDNNTensor")) return 0;

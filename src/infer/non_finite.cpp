@@ -41,7 +41,8 @@ bool propagates_like_aten(const jit::Node* node) {
       "aten::prelu",         "aten::dropout",             "aten::dropout_",
       // Kernels of ours on oneDNN's own layouts, padding channels kept 0 (kernels/relu_maxpool.cpp,
       // kernels/onednn_elementwise.cpp).
-      "afterburner::relu_max_pool2d", "afterburner::broadcast_mul", "afterburner::conv2d_winograd", "aten::hardswish",
+      "afterburner::relu_max_pool2d", "afterburner::broadcast_mul", "afterburner::conv2d_winograd",
+      "afterburner::conv2d_activation", "aten::hardswish",
       "aten::hardswish_", "aten::hardsigmoid", "aten::hardsigmoid_", "aten::hardtanh", "aten::hardtanh_",
       "aten::clamp", "aten::clamp_", "aten::silu", "aten::silu_"};
   return kinds.count(node->kind().toQualString()) > 0;

@@ -5,6 +5,7 @@
 #include <torch/csrc/jit/ir/constants.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -125,5 +126,51 @@ void check_block(const torch::jit::Block* block) {
 }  // namespace
 
 void check_onednn_layouts(const torch::jit::Graph& graph) { check_block(graph.block()); }
+
+namespace {
+
+// Whether `value` is computed from a convolution, linear layer or norm (a floating-point tensor)
+// through ops that keep its dtype: the chains optimize_for_inference moves to oneDNN.
+bool from_float_layer(const torch::jit::Value* value) {
+  static const std::vector<std::string> layers{"aten::conv1d",   "aten::conv2d",     "aten::conv3d",
+                                               "aten::_convolution", "aten::linear", "aten::batch_norm",
+                                               "aten::layer_norm"};
+  static const std::vector<std::string> dtype_keeping{
+      "aten::relu",     "aten::relu_",   "aten::hardtanh", "aten::hardtanh_",  "aten::clamp",     "aten::clamp_",
+      "aten::add",      "aten::add_",    "aten::mul",      "aten::mul_",       "aten::hardswish", "aten::hardswish_",
+      "aten::silu",     "aten::silu_",   "aten::sigmoid",  "aten::tanh",       "aten::gelu",      "aten::max_pool2d",
+      "aten::avg_pool2d", "aten::adaptive_avg_pool2d",     "aten::dropout"};
+  const auto is_one_of = [](const std::vector<std::string>& kinds, const Node* node) {
+    return std::find(kinds.begin(), kinds.end(), node->kind().toQualString()) != kinds.end();
+  };
+  const Node* node = value->node();
+  while (is_one_of(dtype_keeping, node)) node = node->input(0)->node();
+  return is_one_of(layers, node);
+}
+
+}  // namespace
+
+int clamp_bounds_as_floats(torch::jit::Graph& graph) {
+  int rewritten = 0;
+  for (Node* node : graph.nodes()) {
+    const std::string kind = node->kind().toQualString();
+    if ((kind != "aten::clamp" && kind != "aten::clamp_") || node->inputs().size() != 3 ||
+        !from_float_layer(node->input(0))) {
+      continue;
+    }
+    const auto lower = torch::jit::toIValue(node->input(1)), upper = torch::jit::toIValue(node->input(2));
+    const auto is_bound = [](const std::optional<c10::IValue>& v) { return v && (v->isNone() || v->isScalar()); };
+    if (!is_bound(lower) || !is_bound(upper) || (lower->isNone() && upper->isNone()) ||
+        (lower->isDouble() && upper->isDouble())) {
+      continue;
+    }
+    const double inf = std::numeric_limits<double>::infinity();
+    torch::jit::WithInsertPoint insert_point(node);
+    node->replaceInput(1, graph.insertConstant(lower->isNone() ? -inf : lower->toScalar().toDouble()));
+    node->replaceInput(2, graph.insertConstant(upper->isNone() ? inf : upper->toScalar().toDouble()));
+    ++rewritten;
+  }
+  return rewritten;
+}
 
 }  // namespace afterburner::infer

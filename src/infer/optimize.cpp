@@ -16,6 +16,7 @@
 #include "afterburner/core/error.h"
 #include "afterburner/infer/attention_fast_paths.h"
 #include "afterburner/infer/channel_concat.h"
+#include "afterburner/infer/conv_activation.h"
 #include "afterburner/infer/model_file.h"
 #include "afterburner/infer/non_finite.h"
 #include "afterburner/infer/onednn_checks.h"
@@ -285,6 +286,7 @@ Module prepare_for_inference(const Module& optimized) {
   // The conversion starts with constant propagation too: lists of constants become constants.
   torch::jit::ConstantPropagation(frozen_graph, /*ignore_custom_classes=*/true);
   check_onednn_layouts(*frozen_graph);
+  clamp_bounds_as_floats(*frozen_graph);
   Module prepared = torch::jit::optimize_for_inference(frozen);
   auto graph = prepared.get_method("forward").graph();
   route_matmuls_to_onednn(graph);
@@ -297,6 +299,7 @@ Module prepare_for_inference(const Module& optimized) {
   propagate_non_finite_as_aten(graph);
   read_sizes_on_onednn(graph);  // first: a size read keeps alive a dense copy the moves would drop
   move_onto_onednn(graph);
+  fuse_activations_into_convolutions(graph);  // after the NaN rewrites and the moves: ReLU is hardtanh by then
   batch_norm_relu_into_onednn(graph);  // after the NaN rewrites: its dense ReLU is LibTorch's already
   concatenate_into_growing_buffers(graph);
   return prepared;

@@ -7,65 +7,18 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
+#include <cstring>
+#include <limits>
 #include <vector>
 
-#include "afterburner/core/ideep_tensor.h"
 #include "graph_edits.h"
+#include "winograd_weights.h"
 
 namespace afterburner::infer {
-
-// One convolution's fp32 weights, dense [out, in, 3, 3], and the Winograd transforms of them
-// oneDNN has asked for: the transform's layout depends on the images (oneDNN picks F(2x2, 3x3)
-// or F(4x4, 3x3) and its blocking per geometry), so each is made at the first call wanting it.
-class WinogradWeights : public torch::CustomClassHolder {
- public:
-  explicit WinogradWeights(at::Tensor dense)
-      : dense_(std::move(dense)),
-        view_({dense_.sizes().vec(), ideep::data_type::f32, ideep::format_tag::oihw}, dense_.data_ptr()) {}
-
-  // The weights in `layout`: kept for the first kLayoutsKept layouts, made per call after them
-  // (images of ever new sizes), the same values either way.
-  ideep::tensor in_layout(const ideep::tensor::desc& layout) {
-    const std::lock_guard<std::mutex> guard(lock_);
-    for (const ideep::tensor& kept : transformed_) {
-      if (kept.get_desc() == layout) return kept;
-    }
-    ideep::tensor transformed;
-    transformed.init(layout);
-    transformed.feed_from(view_);
-    if (transformed_.size() < kLayoutsKept) transformed_.push_back(transformed);
-    return transformed;
-  }
-
-  const ideep::tensor& dense() const { return view_; }
-
- private:
-  static constexpr size_t kLayoutsKept = 4;
-  at::Tensor dense_;
-  ideep::tensor view_;  // dense_'s buffer, as oneDNN reads it
-  std::mutex lock_;
-  std::vector<ideep::tensor> transformed_;
-};
 
 namespace {
 
 namespace jit = torch::jit;
-
-// Whether every value of the buffer is finite: an exponent of all ones is an infinity or NaN.
-bool all_finite(const ideep::tensor& buffer) {
-  const auto* bits = static_cast<const uint32_t*>(buffer.get_data_handle());
-  const int64_t count = static_cast<int64_t>(buffer.get_size() / sizeof(float));
-  constexpr uint32_t kExponent = 0x7f800000u;
-  return at::parallel_reduce(
-      0, count, 1 << 16, true,
-      [&](int64_t begin, int64_t end, bool finite) {
-        uint32_t largest = 0;
-        for (int64_t i = begin; i < end; ++i) largest = std::max(largest, bits[i] & kExponent);
-        return finite && largest != kExponent;
-      },
-      [](bool a, bool b) { return a && b; });
-}
 
 // Scratch memory for oneDNN's Winograd kernels (the transformed images: tens of MB at batch 32),
 // one buffer per calling thread, grown as needed and kept: memory freshly mapped per call costs a
@@ -77,35 +30,20 @@ ideep::tensor scratchpad(const ideep::tensor::desc& desc) {
   return ideep::tensor(desc, buffer.data_ptr());
 }
 
-// y = conv2d(x, weight, bias), stride 1, one group, as prim::mkldnn_convolution computes it on
-// oneDNN tensors, by oneDNN's Winograd algorithm where it pays and gives finite values, else by
-// the direct convolution prim::mkldnn_convolution runs (at::native::mkldnn_convolution).
+// The largest magnitude's bits among `count` fp32 values (sign cleared), compiled per instruction set.
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) uint32_t largest_magnitude_bits(
+    const uint32_t* bits, int64_t count) {
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < count; ++i) largest = std::max(largest, bits[i] & 0x7fffffffu);
+  return largest;
+}
+
+// afterburner::conv2d_winograd: the convolution by Winograd's algorithm where it pays and gives
+// finite values (see convolve_on_onednn).
 at::Tensor conv2d_winograd(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                            std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
                            int64_t groups, const c10::intrusive_ptr<WinogradWeights>& winograd) {
-  const at::AutoDispatchBelowAutograd below_autograd;
-  const auto direct = [&] { return at::mkldnn_convolution(x, weight, bias, padding, stride, dilation, groups); };
-  if (!x.is_mkldnn() || x.dim() != 4 || x.scalar_type() != at::kFloat || x.size(1) != weight.size(1)) return direct();
-  const int64_t batch = x.size(0), out_channels = weight.size(0);
-  const int64_t height = x.size(2) + 2 * padding[0] - 2, width = x.size(3) + 2 * padding[1] - 2;
-  if (height <= 0 || width <= 0 || !winograd_pays(batch, height, width, x.size(1), out_channels)) return direct();
-  const ideep::tensor& src = ideep_tensor(x);
-  const ideep::tensor no_bias;
-  const ideep::tensor& bias_tensor = bias && bias->defined() ? ideep_tensor(*bias) : no_bias;
-  ideep::tensor dst;
-  ideep::convolution_forward_params params;
-  try {
-    ideep::convolution_forward::prepare(params, src, winograd->dense(), bias_tensor, {batch, out_channels, height, width},
-                                        dst, stride, dilation, padding, padding, 1, ideep::scale_t(), ideep::scale_t(),
-                                        ideep::scale_t(), ideep::attr_t(), ideep::algorithm::convolution_winograd,
-                                        ideep::prop_kind::forward_inference);
-  } catch (const std::exception&) {  // no Winograd kernel for this geometry on this CPU
-    return direct();
-  }
-  params.scratchpad = scratchpad(params.pd.scratchpad_desc());
-  ideep::convolution_forward::compute(params, src, winograd->in_layout(params.pd.weights_desc()), bias_tensor, dst);
-  if (!all_finite(dst)) return direct();
-  return onednn_tensor(std::move(dst));
+  return convolve_on_onednn(x, weight, bias, stride, padding, dilation, groups, winograd);
 }
 
 // The dense fp32 weight of a convolution Winograd's kernels take (see convolve_3x3_by_winograd).
@@ -127,6 +65,62 @@ std::optional<at::Tensor> winograd_weight(const jit::Node* conv) {
 }
 
 }  // namespace
+
+float largest_magnitude(const ideep::tensor& buffer) {
+  const auto* bits = static_cast<const uint32_t*>(buffer.get_data_handle());
+  const int64_t count = static_cast<int64_t>(buffer.get_size() / sizeof(float));
+  const uint32_t largest = at::parallel_reduce(
+      0, count, 1 << 16, uint32_t{0},
+      [&](int64_t begin, int64_t end, uint32_t partial) {
+        return std::max(partial, largest_magnitude_bits(bits + begin, end - begin));
+      },
+      [](uint32_t a, uint32_t b) { return std::max(a, b); });
+  if (largest >= 0x7f800000u) return std::numeric_limits<float>::infinity();  // NaN's bits are above infinity's
+  float magnitude;
+  std::memcpy(&magnitude, &largest, sizeof magnitude);
+  return magnitude;
+}
+
+std::optional<at::Tensor> winograd_convolution(const at::Tensor& x, WinogradWeights& weights,
+                                               const c10::optional<at::Tensor>& bias,
+                                               const std::vector<int64_t>& padding, const ideep::attr_t& attr) {
+  const ideep::tensor& dense = weights.dense();
+  const int64_t out_channels = dense.get_dim(0);
+  if (!x.is_mkldnn() || x.dim() != 4 || x.scalar_type() != at::kFloat || x.size(1) != dense.get_dim(1)) {
+    return std::nullopt;
+  }
+  const int64_t batch = x.size(0);
+  const int64_t height = x.size(2) + 2 * padding[0] - 2, width = x.size(3) + 2 * padding[1] - 2;
+  if (height <= 0 || width <= 0 || !winograd_pays(batch, height, width, x.size(1), out_channels)) return std::nullopt;
+  const ideep::tensor& src = ideep_tensor(x);
+  const ideep::tensor no_bias;
+  const ideep::tensor& bias_tensor = bias && bias->defined() ? ideep_tensor(*bias) : no_bias;
+  ideep::tensor dst;
+  ideep::convolution_forward_params params;
+  try {
+    ideep::convolution_forward::prepare(params, src, dense, bias_tensor, {batch, out_channels, height, width}, dst,
+                                        {1, 1}, {1, 1}, padding, padding, 1, ideep::scale_t(), ideep::scale_t(),
+                                        ideep::scale_t(), attr, ideep::algorithm::convolution_winograd,
+                                        ideep::prop_kind::forward_inference);
+  } catch (const std::exception&) {  // no Winograd kernel for this geometry on this CPU
+    return std::nullopt;
+  }
+  params.scratchpad = scratchpad(params.pd.scratchpad_desc());
+  ideep::convolution_forward::compute(params, src, weights.in_layout(params.pd.weights_desc()), bias_tensor, dst);
+  return onednn_tensor(std::move(dst));
+}
+
+at::Tensor convolve_on_onednn(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                              const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
+                              const std::vector<int64_t>& dilation, int64_t groups,
+                              const c10::intrusive_ptr<WinogradWeights>& winograd) {
+  const at::AutoDispatchBelowAutograd below_autograd;
+  if (winograd) {
+    const auto y = winograd_convolution(x, *winograd, bias, padding, ideep::attr_t());
+    if (y && largest_magnitude(ideep_tensor(*y)) < std::numeric_limits<float>::infinity()) return *y;
+  }
+  return at::mkldnn_convolution(x, weight, bias, padding, stride, dilation, groups);
+}
 
 TORCH_LIBRARY_FRAGMENT(afterburner, m) {  // the library is src/kernels/ops.cpp
   m.class_<WinogradWeights>("WinogradWeights");

@@ -112,9 +112,9 @@ std::vector<BetweenConvolutions> onednn_ops() {
 INSTANTIATE_TEST_SUITE_P(OnOnednn, NonFinite, ::testing::ValuesIn(onednn_ops()),
                          [](const ::testing::TestParamInfo<BetweenConvolutions>& info) { return info.param.name; });
 
-// The input of the graph's first `kind` node, as the prepared graph computes it.
-const char* input_kind(jit::Module prepared, const char* kind) {
-  for (const jit::Node* node : prepared.get_method("forward").graph()->nodes()) {
+// The kind of node computing the input of the graph's first `kind` node.
+const char* input_kind(const jit::Graph& graph, const char* kind) {
+  for (const jit::Node* node : graph.nodes()) {
     if (node->kind().toQualString() == std::string(kind)) return node->input(0)->node()->kind().toQualString();
   }
   return "none";
@@ -129,17 +129,19 @@ TEST(NonFiniteRewrites, ReluPoolFusesOtherOpsStayOnOnednn) {
       SCOPED_TRACE(fmt::format("{} channels, max_pool2d({})", channels, pool));
       jit::Module pooled = jit::freeze(model_with(fmt::format("torch.max_pool2d(torch.relu(y), {})", pool), channels));
       jit::Module prepared = infer::prepare_for_inference(pooled);
-      EXPECT_STREQ(input_kind(prepared, "afterburner::relu_max_pool2d"), "prim::mkldnn_convolution");
+      EXPECT_STREQ(input_kind(*prepared.get_method("forward").graph(), "afterburner::relu_max_pool2d"),
+                   "prim::mkldnn_convolution");
       EXPECT_FALSE(graph_has(prepared, "aten::relu_"));
       EXPECT_FALSE(graph_has(prepared, "aten::max_pool2d"));
     }
     SCOPED_TRACE(fmt::format("{} channels", channels));
-    jit::Module relu = jit::freeze(model_with("torch.relu(y)", channels));
-    jit::Module clamped = infer::prepare_for_inference(relu);
-    EXPECT_STREQ(input_kind(clamped, "aten::hardtanh_"), "prim::mkldnn_convolution");
-    EXPECT_FALSE(graph_has(clamped, "aten::relu_"));
-    jit::Module hardswish = jit::freeze(model_with("torch.hardswish(y)", channels));
-    EXPECT_STREQ(input_kind(infer::prepare_for_inference(hardswish), "aten::hardswish_"), "prim::mkldnn_convolution");
+    auto relu = onednn_graph("torch.relu(y)", channels);  // prepare_for_inference then fuses it into the convolution
+    EXPECT_EQ(infer::propagate_non_finite_as_aten(relu), 1);
+    EXPECT_STREQ(input_kind(*relu, "aten::hardtanh_"), "prim::mkldnn_convolution");
+    EXPECT_STREQ(input_kind(*relu, "aten::relu_"), "none");
+    auto hardswish = onednn_graph("torch.hardswish(y)", channels);
+    EXPECT_EQ(infer::propagate_non_finite_as_aten(hardswish), 1);
+    EXPECT_STREQ(input_kind(*hardswish, "aten::hardswish_"), "prim::mkldnn_convolution");
     auto relu6 = onednn_graph("torch.hardtanh(y, 0.0, 6.0)", channels);
     EXPECT_EQ(infer::propagate_non_finite_as_aten(relu6), 1);
   }

@@ -5,6 +5,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/infer/model_file.h"
+#include "non_finite.h"
 #include "test_models.h"
 #include "testing.h"
 
@@ -183,6 +184,33 @@ TEST(PrepareForInference, RefusesConvolutionsOneDnnCannotLayOut) {
   auto prepared = infer::prepare_for_inference(model);
   EXPECT_TRUE(graph_has(prepared, "prim::mkldnn_convolution"));
   EXPECT_TRUE(torch::allclose(answer(prepared, input), answer(model, input), 1e-5, 1e-5));
+}
+
+// torch.clamp(conv(x), min=0.0), a common form of ReLU, and clamps with an integer bound stopped
+// LibTorch's optimize_for_inference ("isDouble() INTERNAL ASSERT FAILED", Python's too): each
+// bound becomes a float before it runs, and the answers stay the module's, NaN and infinities
+// included; a clamp of integers keeps its integer result.
+TEST(PrepareForInference, ClampsOfConvolutionsWithNoneOrIntegerBounds) {
+  for (const char* clamp : {"torch.clamp(y, 0.0)", "torch.clamp(y, None, 1.0)", "torch.clamp(y, 0, 6)",
+                            "torch.clamp_(y, -1, None)", "torch.clamp(torch.relu(y) * 2.0, max=3)"}) {
+    SCOPED_TRACE(clamp);
+    torch::manual_seed(7);
+    torch::jit::Module model("__torch__.Clamped");
+    model.register_attribute("training", c10::BoolType::get(), false);
+    model.register_parameter("weight", torch::randn({4, 1, 3, 3}), false);
+    model.define(std::string("def forward(self, x):\n    y = torch.conv2d(x, self.weight)\n    return ") + clamp +
+                 "\n");
+    const torch::Tensor x = images_with_non_finite({1, 8, 8}, 20);
+    auto prepared = infer::prepare_for_inference(model);
+    EXPECT_FALSE(graph_has(prepared, "aten::conv2d")) << "the convolution runs on oneDNN";
+    EXPECT_TRUE(AgreesWithNonFinite(answer(prepared, x), answer(model, x), 1e-5, 1e-5));
+  }
+  torch::jit::Module integers("__torch__.Integers");
+  integers.register_attribute("training", c10::BoolType::get(), false);
+  integers.define("def forward(self, x):\n    return torch.clamp(x, 0, 6)\n");
+  const torch::Tensor counts = torch::arange(-3, 9);
+  torch::jit::Module prepared = infer::prepare_for_inference(integers);
+  EXPECT_TRUE(torch::equal(answer(prepared, counts), counts.clamp(0, 6)));
 }
 
 TEST(Optimize, PrecisionNamesRoundTripAndBadOnesNameTheField) {

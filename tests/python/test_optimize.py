@@ -283,6 +283,26 @@ def test_inference_refreezes_when_the_weights_change():
         expect_python(model(x), other(x), "fp32")
 
 
+@pytest.mark.parametrize("built_in_inference_mode", [False, True])
+def test_optimize_called_under_inference_mode(built_in_inference_mode):
+    """Serving code often wraps everything in torch.inference_mode(), optimize too (it failed there:
+    "Inference tensors do not track version counter"); a module built there has inference tensors
+    for weights. Either way the optimized copy answers as the module, twice, and follows a load."""
+    with torch.inference_mode(built_in_inference_mode):
+        module = build("residual").eval()
+    torch.manual_seed(5)
+    other = MODELS["residual"][0]().eval()
+    x, _ = images(5)
+    with torch.inference_mode():
+        model = afterburner.optimize(module)
+        first = model(x)
+        expect_python(first, module(x), "fp32")
+        assert torch.equal(model(x), first), "a second call answered otherwise"
+    with torch.no_grad():
+        model.load_state_dict(other.state_dict())
+        expect_python(model(x), other(x), "fp32")
+
+
 def test_train_and_eval_of_any_submodule_reach_the_compiled_forward():
     module = build("bn_dropout")
     reference = in_channels_last(module)

@@ -1,16 +1,18 @@
-// What torch::jit::optimize_for_inference lays out for oneDNN, checked before it does. The pass
-// moves each convolution with a constant weight, and the max pooling and element-wise ops after
-// it, to oneDNN, trusting their arguments: its weight reorder reads the weight's dimensions and
-// the stride, padding and dilation per spatial dimension (LibTorch 1.13 does not expand a single
-// value there) and divides by the stride; the converted convolution and max pooling then run
-// through at::native's mkldnn functions, which skip eager's checks. Found by fuzz_model_graph,
-// each in Python's torch.jit.optimize_for_inference too: a stride of 0 divided by zero (SIGFPE)
-// in the layout and at max pooling's first forward, a 1-D weight was read past its end, and a
-// convolution whose bias was its own weight dereferenced an empty optional (SIGSEGV). Eager
-// refuses every value refused here when the model runs, so no model that could run is refused.
+// What torch::jit::optimize_for_inference lays out for oneDNN, checked (and one bug of the pass
+// worked around) before it does. The pass moves each convolution with a constant weight, and the
+// max pooling and element-wise ops after it, to oneDNN, trusting their arguments: its weight
+// reorder reads the weight's dimensions and the stride, padding and dilation per spatial dimension
+// (LibTorch 1.13 does not expand a single value there) and divides by the stride; the converted
+// convolution and max pooling then run through at::native's mkldnn functions, which skip eager's
+// checks. Found by fuzz_model_graph, each in Python's torch.jit.optimize_for_inference too: a
+// stride of 0 divided by zero (SIGFPE) in the layout and at max pooling's first forward, a 1-D
+// weight was read past its end, and a convolution whose bias was its own weight dereferenced an
+// empty optional (SIGSEGV). Eager refuses every value refused here when the model runs, so no
+// model that could run is refused.
 //
 //   Module frozen = torch::jit::freeze(module);
 //   afterburner::infer::check_onednn_layouts(*frozen.get_method("forward").graph());  // throws Error
+//   afterburner::infer::clamp_bounds_as_floats(*frozen.get_method("forward").graph());
 //   Module prepared = torch::jit::optimize_for_inference(frozen);
 #pragma once
 
@@ -24,5 +26,12 @@ namespace afterburner::infer {
 // cannot take, in one line: "infer: aten::conv2d with stride [1, 0] is not supported: stride
 // must be at least 1".
 void check_onednn_layouts(const torch::jit::Graph& graph);
+
+// Gives aten::clamp of a convolution's (or linear layer's, or norm's) output float bounds where it
+// had None or an integer: the pass asserts each bound is a double (LibTorch 1.13, Python's too:
+// `torch.clamp(conv(x), min=0.0)`, a common form of ReLU, stopped optimize_for_inference with
+// "isDouble() INTERNAL ASSERT FAILED"). None becomes the infinity of its side, which clamps
+// nothing; the values are the same. Returns how many clamps were rewritten.
+int clamp_bounds_as_floats(torch::jit::Graph& graph);
 
 }  // namespace afterburner::infer

@@ -1,0 +1,228 @@
+#include "afterburner/infer/conv_activation.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "winograd_weights.h"
+
+namespace afterburner::infer {
+
+enum class Activation : int64_t { clip, hardswish, silu, gelu };
+
+// A convolution's activation, as oneDNN's post-op and as ATen's op, and what bounds the
+// convolution's sums: |sum| <= max|x| * (the largest sum of one output's weight magnitudes) +
+// max|bias|. Every activation here maps a value to one of no larger magnitude (or into clip's
+// bounds), so that bound holds for the activation's output too.
+class ConvActivation : public torch::CustomClassHolder {
+ public:
+  ConvActivation(Activation kind, double lower, double upper, double weight_row_sum, double largest_bias)
+      : kind_(kind), lower_(lower), upper_(upper), weight_row_sum_(weight_row_sum), largest_bias_(largest_bias) {}
+
+  ideep::attr_t post_op() const {
+    switch (kind_) {
+      case Activation::clip:  // ReLU as ReLU: oneDNN's Winograd kernels take no other post-op
+        return lower_ == 0 && upper_ == std::numeric_limits<double>::infinity()
+                   ? ideep::attr_t::fuse_relu()
+                   : ideep::attr_t::fuse_clamp(static_cast<float>(lower_), static_cast<float>(upper_));
+      case Activation::hardswish: return ideep::attr_t::fuse_hardswish();
+      case Activation::silu: return ideep::attr_t::fuse_swish(1.f, 1.f);  // x * sigmoid(1 * x)
+      case Activation::gelu: return ideep::attr_t::fuse_gelu();            // erf form
+    }
+    return {};
+  }
+
+  // ATen's activation of a convolution's output, in place: the convolution made it for us.
+  at::Tensor unfused(at::Tensor y) const {
+    switch (kind_) {
+      case Activation::clip: return at::hardtanh_(y, lower_, upper_);  // clamp's values too
+      case Activation::hardswish: return at::hardswish_(y);
+      case Activation::silu: return at::silu_(y);
+      case Activation::gelu: return at::gelu(y);
+    }
+    return y;
+  }
+
+  // The bound of the sums (and of the activation's output) for inputs of magnitude up to
+  // `input_bound`: +infinity for an input bound that is not finite.
+  double output_bound(double input_bound) const {
+    if (!(input_bound < std::numeric_limits<double>::infinity())) return std::numeric_limits<double>::infinity();
+    const double sums = input_bound * weight_row_sum_ + largest_bias_;
+    return kind_ == Activation::clip ? std::min(sums, std::max(-lower_, upper_)) : sums;
+  }
+
+ private:
+  Activation kind_;
+  double lower_, upper_;  // clip's bounds
+  double weight_row_sum_, largest_bias_;
+};
+
+namespace {
+
+namespace jit = torch::jit;
+
+// Sums below 2^100 are finite whatever Winograd's transforms scale partial sums by (fp32 ends at
+// 2^128): the convolution holds no NaN or infinity for oneDNN's post-op to treat otherwise than ATen.
+constexpr double kFiniteSums = 0x1p100;
+
+std::vector<int64_t> output_sizes(const at::Tensor& x, const at::Tensor& weight, const std::vector<int64_t>& stride,
+                                  const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation) {
+  std::vector<int64_t> sizes{x.size(0), weight.size(0)};
+  for (int d = 0; d < 2; ++d) {
+    const int64_t extent = dilation[d] * (weight.size(2 + d) - 1) + 1;
+    sizes.push_back((x.size(2 + d) + 2 * padding[d] - extent) / stride[d] + 1);
+  }
+  return sizes;
+}
+
+// (y, bound): y = activation(conv2d(x, weight, bias)) on oneDNN tensors, and a bound of |y|
+// (+infinity where none is known). Where the sums are certainly finite, oneDNN's convolution
+// (Winograd's where `winograd` is given and it pays, else direct) with the activation as its
+// post-op; else the convolution and ATen's activation one after the other. `input_bound` bounds
+// |x| when the op before computed x (the bound it returned); without it x's largest magnitude is
+// read, unless x is over twice the size of y: then that read would cost more than the activation's
+// own pass over y, which runs instead.
+std::tuple<at::Tensor, double> conv2d_activation(const at::Tensor& x, const at::Tensor& weight,
+                                                 const c10::optional<at::Tensor>& bias, std::vector<int64_t> stride,
+                                                 std::vector<int64_t> padding, std::vector<int64_t> dilation,
+                                                 int64_t groups, const c10::intrusive_ptr<ConvActivation>& activation,
+                                                 const c10::optional<c10::intrusive_ptr<WinogradWeights>>& winograd,
+                                                 c10::optional<double> input_bound) {
+  const at::AutoDispatchBelowAutograd below_autograd;
+  const auto winograd_weights = winograd.value_or(c10::intrusive_ptr<WinogradWeights>());
+  const auto unfused = [&] {
+    const at::Tensor y = convolve_on_onednn(x, weight, bias, stride, padding, dilation, groups, winograd_weights);
+    return std::make_tuple(activation->unfused(y), std::numeric_limits<double>::infinity());
+  };
+  if (!x.is_mkldnn() || x.dim() != 4 || x.scalar_type() != at::kFloat) return unfused();
+  const std::vector<int64_t> out_sizes = output_sizes(x, weight, stride, padding, dilation);
+  double bound = activation->output_bound(input_bound.value_or(std::numeric_limits<double>::infinity()));
+  if (!(bound < kFiniteSums)) {
+    if (x.numel() > 2 * c10::multiply_integers(out_sizes)) return unfused();
+    bound = activation->output_bound(largest_magnitude(ideep_tensor(x)));
+    if (!(bound < kFiniteSums)) return unfused();
+  }
+  const ideep::attr_t post_op = activation->post_op();
+  if (winograd_weights) {
+    if (auto y = winograd_convolution(x, *winograd_weights, bias, padding, post_op)) return {*y, bound};
+    // Where Winograd pays but takes no such post-op, Winograd then ATen's activation (the sums are finite).
+    if (auto y = winograd_convolution(x, *winograd_weights, bias, padding, ideep::attr_t())) {
+      return {activation->unfused(*y), bound};
+    }
+  }
+  const ideep::tensor no_bias;
+  ideep::tensor y;
+  ideep::convolution_forward::compute_v3(ideep_tensor(x), ideep_tensor(weight),
+                                         bias && bias->defined() ? ideep_tensor(*bias) : no_bias, out_sizes, y, stride,
+                                         dilation, padding, padding, static_cast<int>(groups),
+                                         /*is_channels_last=*/false, post_op);
+  return {onednn_tensor(std::move(y)), bound};
+}
+
+// The bound of a constant in (-inf, inf] an activation's Scalar? argument holds: None is `none`.
+std::optional<double> scalar_bound(jit::Value* value, double none) {
+  const auto constant = jit::toIValue(value);
+  if (!constant) return std::nullopt;
+  if (constant->isNone()) return none;
+  if (constant->isDouble() || constant->isInt()) return constant->toScalar().toDouble();
+  return std::nullopt;
+}
+
+// The activation `node` computes, with its bounds for clip, if oneDNN has it as a post-op that
+// maps 0 to 0 (the padding channels of oneDNN's blocked layouts stay 0).
+std::optional<std::tuple<Activation, double, double>> activation_of(jit::Node* node) {
+  const std::string kind = node->kind().toQualString();
+  const double inf = std::numeric_limits<double>::infinity();
+  if (kind == "aten::hardswish" || kind == "aten::hardswish_") return std::make_tuple(Activation::hardswish, 0., 0.);
+  if (kind == "aten::silu" || kind == "aten::silu_") return std::make_tuple(Activation::silu, 0., 0.);
+  if (kind == "aten::gelu") {
+    const auto approximate = jit::constant_as<std::string>(node->input(1));
+    if (approximate != "none") return std::nullopt;
+    return std::make_tuple(Activation::gelu, 0., 0.);
+  }
+  if (kind == "aten::hardtanh" || kind == "aten::hardtanh_" || kind == "aten::clamp" || kind == "aten::clamp_") {
+    if (node->inputs().size() != 3) return std::nullopt;
+    const auto lower = scalar_bound(node->input(1), -inf), upper = scalar_bound(node->input(2), inf);
+    if (!lower || !upper || *lower > 0 || *upper < 0) return std::nullopt;
+    return std::make_tuple(Activation::clip, *lower, *upper);
+  }
+  return std::nullopt;
+}
+
+// The largest sum of one output channel's weight magnitudes and the largest bias magnitude of a
+// convolution whose weight (and bias, if any) are oneDNN constants; nullopt for other convolutions.
+std::optional<std::pair<double, double>> sum_bounds(jit::Node* conv) {
+  const c10::Symbol onednn_constant = c10::Symbol::fromQualString("prim::ConstantMKLDNNTensor");
+  const jit::Node* weight = conv->input(1)->node();
+  if (weight->kind() != onednn_constant) return std::nullopt;
+  const at::Tensor w = weight->t(c10::attr::value).to_dense();
+  if (w.dim() != 4 || w.scalar_type() != at::kFloat) return std::nullopt;
+  double largest_bias = 0;
+  const jit::Node* bias = conv->input(2)->node();
+  if (bias->kind() == onednn_constant) {
+    largest_bias = bias->t(c10::attr::value).to_dense().abs().max().item<double>();
+  } else if (!jit::toIValue(conv->input(2)) || !jit::toIValue(conv->input(2))->isNone()) {
+    return std::nullopt;
+  }
+  return std::make_pair(w.abs().sum({1, 2, 3}).max().item<double>(), largest_bias);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(afterburner, m) {  // the library is src/kernels/ops.cpp
+  m.class_<ConvActivation>("ConvActivation");
+  m.def("conv2d_activation(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
+        "int groups, __torch__.torch.classes.afterburner.ConvActivation activation, "
+        "__torch__.torch.classes.afterburner.WinogradWeights? winograd, float? input_bound) -> (Tensor, float)",
+        conv2d_activation);
+}
+
+int fuse_activations_into_convolutions(std::shared_ptr<jit::Graph>& graph) {
+  const c10::Symbol mkldnn_convolution = c10::Symbol::fromQualString("prim::mkldnn_convolution");
+  const c10::Symbol winograd_convolution = c10::Symbol::fromQualString("afterburner::conv2d_winograd");
+  std::vector<jit::Node*> convolutions;
+  for (jit::Node* node : graph->nodes()) {
+    if (node->kind() == mkldnn_convolution || node->kind() == winograd_convolution) convolutions.push_back(node);
+  }
+  const c10::Symbol fused_kind = c10::Symbol::fromQualString("afterburner::conv2d_activation");
+  std::vector<jit::Node*> fused;
+  for (jit::Node* conv : convolutions) {
+    if (conv->output()->uses().size() != 1) continue;
+    jit::Node* user = conv->output()->uses()[0].user;
+    const auto activation = activation_of(user);
+    const auto bounds = sum_bounds(conv);
+    if (!activation || !bounds || user->input(0) != conv->output()) continue;
+    const auto [kind, lower, upper] = *activation;
+    jit::WithInsertPoint insert_point(conv);
+    std::vector<jit::Value*> inputs(conv->inputs().begin(), conv->inputs().begin() + 7);
+    inputs.push_back(graph->insertConstant(
+        c10::IValue(c10::make_intrusive<ConvActivation>(kind, lower, upper, bounds->first, bounds->second))));
+    inputs.push_back(conv->kind() == winograd_convolution ? conv->input(7) : graph->insertConstant(c10::IValue()));
+    inputs.push_back(graph->insertConstant(c10::IValue()));  // the input's bound: connected below
+    jit::Node* node = graph->create(fused_kind, inputs, 2)->insertBefore(user);
+    node->output(0)->setType(user->output()->type());
+    node->output(1)->setType(c10::FloatType::get());
+    user->output()->replaceAllUsesWith(node->output(0));
+    user->destroy();
+    conv->destroy();
+    fused.push_back(node);
+  }
+  // A fused convolution reading only the output of another passes on the bound that one returned
+  // (a chain's first convolution reads its input's magnitudes, the others need not).
+  for (jit::Node* node : fused) {
+    const jit::Value* x = node->input(0);
+    if (x->node()->kind() == fused_kind && x->uses().size() == 1) node->replaceInput(9, x->node()->output(1));
+  }
+  return static_cast<int>(fused.size());
+}
+
+}  // namespace afterburner::infer
