@@ -60,6 +60,46 @@ std::optional<c10::Symbol> onednn_form(const torch::jit::Node* node) {
   return std::nullopt;
 }
 
+// Whether an op writes into `value`: an in-place op's first argument (ATen's trailing underscore,
+// LibTorch's prim::MKLDNN..._ ops too), or what prim::BroadcastMKLDNNTensors hands on of it (the
+// tensor itself where the sizes agree).
+bool written_in_place(const torch::jit::Value* value) {
+  static const c10::Symbol broadcast = c10::Symbol::fromQualString("prim::BroadcastMKLDNNTensors");
+  for (const torch::jit::Use& use : value->uses()) {
+    if (use.user->kind() == broadcast) {
+      if (written_in_place(use.user->output(use.offset))) return true;
+      continue;
+    }
+    const std::string name = use.user->kind().toUnqualString();
+    if (use.offset == 0 && name.back() == '_') return true;
+  }
+  return false;
+}
+
+// to_mkldnn(to_dense(x)) of a oneDNN tensor x is x again, less two passes over it: where
+// optimize_for_inference's subgraphs end between a tensor and a later reader (a residual sum after
+// a block whose activations it computes densely: EfficientNet's and MobileNetV3's), it converts the
+// tensor to dense and back. Neither copy may be written in place for them to be one tensor.
+int skip_round_trips(torch::jit::Graph& graph) {
+  const c10::Symbol to_dense = c10::Symbol::fromQualString("aten::to_dense");
+  const c10::Symbol to_mkldnn = c10::Symbol::fromQualString("aten::to_mkldnn");
+  const auto no_dtype = [](const torch::jit::Node* conversion) {
+    const auto dtype = torch::jit::toIValue(conversion->input(1));
+    return dtype && dtype->isNone();
+  };
+  int skipped = 0;
+  for (torch::jit::Node* node : graph.nodes()) {
+    if (node->kind() != to_mkldnn) continue;
+    const torch::jit::Node* dense = node->input(0)->node();
+    if (dense->kind() != to_dense || !no_dtype(node) || !no_dtype(dense)) continue;
+    torch::jit::Value* original = dense->input(0);
+    if (written_in_place(original) || written_in_place(node->output())) continue;
+    node->output()->replaceAllUsesWith(original);
+    ++skipped;
+  }
+  return skipped;
+}
+
 }  // namespace
 
 int move_onto_onednn(std::shared_ptr<torch::jit::Graph>& graph) {
@@ -114,6 +154,7 @@ graph(%s, %y, %none, %dtype):
       return dtype && dtype->isNone();
     });
   }
+  moved += skip_round_trips(*graph);
   torch::jit::EliminateDeadCode(graph);
   return moved;
 }

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/passes/freeze_module.h>
+#include <torch/csrc/jit/ir/irparser.h>
 #include <torch/script.h>
 
 #include <fmt/format.h>
@@ -131,6 +132,57 @@ TEST(OnednnGraph, SiluAndSqueezeExcitationRunOnOnednnAndAnswerAsLibTorch) {
     EXPECT_EQ(count(prepared, "afterburner::conv2d_activation"), c.fused);
     EXPECT_EQ(count(prepared, "aten::silu_"), 0) << "a silu left on a dense copy";
     expect_answers_as(module, prepared);
+  }
+}
+
+// EfficientNet's residual sum: the block's input, read again after SiLUs LibTorch computes on
+// dense copies, went to dense and back to oneDNN's layout for the sum; it is read as it is, the
+// answers LibTorch's, NaN and infinities included. Summed into in place, it keeps its copy.
+TEST(OnednnGraph, ResidualsSkipTheRoundTripThroughDense) {
+  for (const char* sum : {"z + y", "z.add_(y)"}) {
+    SCOPED_TRACE(sum);
+    torch::manual_seed(0);
+    jit::Module module("__torch__.Residual");
+    module.register_parameter("w1", torch::randn({16, 3, 3, 3}) * 0.3, false);
+    module.register_parameter("w2", torch::randn({16, 16, 3, 3}) * 0.1, false);
+    module.register_parameter("w3", torch::randn({16, 16, 1, 1}) * 0.3, false);
+    module.define(std::string("def forward(self, x):\n"
+                              "    y = torch.conv2d(x, self.w1, None, [1, 1], [1, 1], [1, 1], 1)\n"
+                              "    h = torch.silu(torch.conv2d(y, self.w2, None, [1, 1], [1, 1], [1, 1], 1))\n"
+                              "    z = torch.conv2d(h, self.w3, None, [1, 1], [0, 0], [1, 1], 1)\n"
+                              "    return ") + sum + "\n");
+    module.eval();
+    jit::Module frozen = jit::freeze(module);
+    ASSERT_GE(count(jit::optimize_for_inference(frozen), "aten::to_mkldnn"), 2) << "LibTorch converts it back";
+    jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
+    EXPECT_EQ(count(prepared, "aten::to_mkldnn"), 1) << "the input's only";
+    expect_answers_as(module, prepared);
+  }
+}
+
+// The tensor and its copy become one only where neither is written in place.
+TEST(OnednnGraph, RoundTripsWrittenInPlaceKeepTheirCopy) {
+  for (const auto& [sum, conversions] : {std::pair<const char*, int>{"aten::add(%copy, %x, %one)", 1},
+                                         {"aten::add_(%copy, %x, %one)", 2},
+                                         {"aten::add_(%x, %copy, %one)", 2}}) {
+    SCOPED_TRACE(sum);
+    auto graph = std::make_shared<jit::Graph>();
+    jit::parseIR(std::string(R"IR(
+graph(%input : Tensor):
+  %none : NoneType = prim::Constant()
+  %one : int = prim::Constant[value=1]()
+  %x : Tensor = aten::to_mkldnn(%input, %none)
+  %dense : Tensor = aten::to_dense(%x, %none)
+  %copy : Tensor = aten::to_mkldnn(%dense, %none)
+  %sum : Tensor = )IR") + sum + R"IR(
+  return (%sum))IR",
+                 graph.get());
+    infer::move_onto_onednn(graph);
+    int found = 0;
+    for (const jit::Node* node : graph->nodes()) {
+      found += node->kind() == c10::Symbol::fromQualString("aten::to_mkldnn");
+    }
+    EXPECT_EQ(found, conversions);
   }
 }
 

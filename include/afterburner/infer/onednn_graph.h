@@ -28,7 +28,9 @@ int multiply_broadcasts_on_onednn(std::shared_ptr<torch::jit::Graph>& graph);
 // adaptive_avg_pool2d to 1x1 (oneDNN's, NaN-exact) onto the oneDNN tensor, out of place (it may
 // have other readers), their results converted to dense only for readers that are not oneDNN's;
 // then a product converted back, x times a dense scale, becomes afterburner::broadcast_mul on x's
-// layout (sizes read as read_sizes_on_onednn does). Returns how many ops were moved.
+// layout (sizes read as read_sizes_on_onednn does); and a oneDNN tensor converted to dense and
+// back (a residual read after such a block) is read as it was, where neither is written in place.
+// Returns how many ops were moved and conversions spared.
 int move_onto_onednn(std::shared_ptr<torch::jit::Graph>& graph);
 
 // optimize_for_inference converts a oneDNN tensor to a dense one to read its sizes (a size() in
