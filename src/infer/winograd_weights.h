@@ -52,7 +52,8 @@ class WinogradWeights : public torch::CustomClassHolder {
 // y = conv2d(x, weights, bias) of stride 1 and `padding`, then `attr`'s post-ops, by oneDNN's
 // Winograd kernels; nullopt where x is not a 4-D fp32 oneDNN tensor of the weights' channels,
 // where Winograd does not pay for these images (winograd_pays) or where oneDNN has no Winograd
-// kernel for them. Values the direct convolution keeps finite may not be: see all_finite.
+// kernel for them. Its transforms mix a tile's values: sums the direct convolution keeps finite may
+// not be (convolve_on_onednn checks).
 std::optional<at::Tensor> winograd_convolution(const at::Tensor& x, WinogradWeights& weights,
                                                const c10::optional<at::Tensor>& bias,
                                                const std::vector<int64_t>& padding, const ideep::attr_t& attr);
