@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "conv_sizes.h"
 #include "winograd_weights.h"
 
 namespace afterburner::infer {
@@ -74,16 +75,6 @@ namespace jit = torch::jit;
 // 2^128): the convolution holds no NaN or infinity for oneDNN's post-op to treat otherwise than ATen.
 constexpr double kFiniteSums = 0x1p100;
 
-std::vector<int64_t> output_sizes(const at::Tensor& x, const at::Tensor& weight, const std::vector<int64_t>& stride,
-                                  const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation) {
-  std::vector<int64_t> sizes{x.size(0), weight.size(0)};
-  for (int d = 0; d < 2; ++d) {
-    const int64_t extent = dilation[d] * (weight.size(2 + d) - 1) + 1;
-    sizes.push_back((x.size(2 + d) + 2 * padding[d] - extent) / stride[d] + 1);
-  }
-  return sizes;
-}
-
 // (y, bound): y = activation(conv2d(x, weight, bias)) on oneDNN tensors, and a bound of |y|
 // (+infinity where none is known). Where the sums are certainly finite, oneDNN's convolution
 // (Winograd's where `winograd` is given and it pays, else direct) with the activation as its
@@ -104,7 +95,7 @@ std::tuple<at::Tensor, double> conv2d_activation(const at::Tensor& x, const at::
     return std::make_tuple(activation->unfused(y), std::numeric_limits<double>::infinity());
   };
   if (!x.is_mkldnn() || x.dim() != 4 || x.scalar_type() != at::kFloat) return unfused();
-  const std::vector<int64_t> out_sizes = output_sizes(x, weight, stride, padding, dilation);
+  const std::vector<int64_t> out_sizes = conv2d_output_sizes(x, weight, stride, padding, dilation);
   double bound = activation->output_bound(input_bound.value_or(std::numeric_limits<double>::infinity()));
   if (!(bound < kFiniteSums)) {
     if (x.numel() > 2 * c10::multiply_integers(out_sizes)) return unfused();

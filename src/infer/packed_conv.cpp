@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "afterburner/core/ideep_tensor.h"
+#include "conv_sizes.h"
 #include "graph_edits.h"
 
 namespace afterburner::infer {
@@ -60,11 +61,7 @@ torch::Tensor conv2d_packed(const torch::Tensor& x, const torch::Tensor& weight,
   if (!packed_path_suits(x, weight, bias) || x.size(1) != weight.size(1) * groups) {
     return at::conv2d(x, weight, bias, stride, padding, dilation, groups);
   }
-  std::vector<int64_t> out_sizes{x.size(0), weight.size(0)};
-  for (int d = 0; d < 2; ++d) {
-    const int64_t span = dilation[d] * (weight.size(2 + d) - 1) + 1;
-    out_sizes.push_back((x.size(2 + d) + 2 * padding[d] - span) / stride[d] + 1);
-  }
+  const std::vector<int64_t> out_sizes = conv2d_output_sizes(x, weight, stride, padding, dilation);
   if (out_sizes[2] <= 0 || out_sizes[3] <= 0) return at::conv2d(x, weight, bias, stride, padding, dilation, groups);
   const torch::Tensor input = x.contiguous(at::MemoryFormat::ChannelsLast);
   torch::Tensor y = at::empty(out_sizes, input.options().memory_format(at::MemoryFormat::ChannelsLast));
