@@ -312,11 +312,16 @@ class Session : public std::enable_shared_from_this<Session> {
     auto pending = std::make_shared<Pending>(shared_from_this(), server_.io());
     return [pending](Reply reply) {
       if (pending->answered.exchange(true)) return;
-      std::shared_ptr<Session> session = std::move(pending->session);
-      const auto executor = session->socket_.get_executor();
-      net::post(executor, [session = std::move(session), reply = std::move(reply)]() mutable {
-        session->write(std::move(reply));
-      });
+      {
+        // The session's strand executor goes before the work guard: once the guard is released
+        // the server may finish and destroy the io_context, and with it the strand service that
+        // an executor's destructor locks (AddressSanitizer caught that order, a use after free).
+        std::shared_ptr<Session> session = std::move(pending->session);
+        const auto executor = session->socket_.get_executor();
+        net::post(executor, [session = std::move(session), reply = std::move(reply)]() mutable {
+          session->write(std::move(reply));
+        });
+      }
       pending->work.reset();  // the posted write keeps the io_context running until it runs
     };
   }
