@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "conv_bounds.h"
 #include "conv_sizes.h"
 #include "winograd_weights.h"
 
@@ -71,12 +72,9 @@ namespace {
 
 namespace jit = torch::jit;
 
-// Sums below 2^100 are finite whatever Winograd's transforms scale partial sums by (fp32 ends at
-// 2^128): the convolution holds no NaN or infinity for oneDNN's post-op to treat otherwise than ATen.
-constexpr double kFiniteSums = 0x1p100;
-
 // (y, bound): y = activation(conv2d(x, weight, bias)) on oneDNN tensors, and a bound of |y|
-// (+infinity where none is known). Where the sums are certainly finite, oneDNN's convolution
+// (+infinity where none is known). Where the sums are certainly finite (the convolution holds no NaN
+// or infinity for oneDNN's post-op to treat otherwise than ATen), oneDNN's convolution
 // (Winograd's where `winograd` is given and it pays, else direct) with the activation as its
 // post-op; else the convolution and ATen's activation one after the other. `input_bound` bounds
 // |x| when the op before computed x (the bound it returned); without it x's largest magnitude is
@@ -149,9 +147,9 @@ std::optional<std::tuple<Activation, double, double>> activation_of(jit::Node* n
   return std::nullopt;
 }
 
-// The largest sum of one output channel's weight magnitudes and the largest bias magnitude of a
-// convolution whose weight (and bias, if any) are oneDNN constants; nullopt for other convolutions.
-std::optional<std::pair<double, double>> sum_bounds(jit::Node* conv) {
+}  // namespace
+
+std::optional<std::pair<double, double>> sum_bounds(const jit::Node* conv) {
   const c10::Symbol onednn_constant = c10::Symbol::fromQualString("prim::ConstantMKLDNNTensor");
   const jit::Node* weight = conv->input(1)->node();
   if (weight->kind() != onednn_constant) return std::nullopt;
@@ -166,8 +164,6 @@ std::optional<std::pair<double, double>> sum_bounds(jit::Node* conv) {
   }
   return std::make_pair(w.abs().sum({1, 2, 3}).max().item<double>(), largest_bias);
 }
-
-}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(afterburner, m) {  // the library is src/kernels/ops.cpp
   m.class_<ConvActivation>("ConvActivation");
@@ -207,11 +203,14 @@ int fuse_activations_into_convolutions(std::shared_ptr<jit::Graph>& graph) {
     conv->destroy();
     fused.push_back(node);
   }
-  // A fused convolution reading only the output of another passes on the bound that one returned
-  // (a chain's first convolution reads its input's magnitudes, the others need not).
+  // A fused convolution reading only the output of another (or of a BatchNorm and ReLU written
+  // into oneDNN's layout) takes the bound that one returned: a chain's first convolution reads its
+  // input's magnitudes, the others need not.
+  const c10::Symbol scale_shift_relu = c10::Symbol::fromQualString("afterburner::scale_shift_relu_to_onednn");
   for (jit::Node* node : fused) {
     const jit::Value* x = node->input(0);
-    if (x->node()->kind() == fused_kind && x->uses().size() == 1) node->replaceInput(9, x->node()->output(1));
+    const bool bounded = x->node()->kind() == fused_kind || x->node()->kind() == scale_shift_relu;
+    if (bounded && x->uses().size() == 1 && x->offset() == 0) node->replaceInput(9, x->node()->output(1));
   }
   return static_cast<int>(fused.size());
 }

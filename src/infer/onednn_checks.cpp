@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <ATen/ATen.h>
 #include <torch/csrc/jit/ir/constants.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <limits>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "graph_edits.h"
 
 namespace afterburner::infer {
 namespace {
@@ -171,6 +174,53 @@ int clamp_bounds_as_floats(torch::jit::Graph& graph) {
     ++rewritten;
   }
   return rewritten;
+}
+
+namespace {
+
+// ATen's avg_pool2d, on a dense copy of a oneDNN tensor (and the answer in oneDNN's layout again).
+at::Tensor avg_pool2d_as_aten(const at::Tensor& x, std::vector<int64_t> kernel_size, std::vector<int64_t> stride,
+                              std::vector<int64_t> padding, bool ceil_mode, bool count_include_pad,
+                              c10::optional<int64_t> divisor_override) {
+  const auto pool = [&](const at::Tensor& input) {
+    return at::avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override);
+  };
+  return x.is_mkldnn() ? pool(x.to_dense()).to_mkldnn() : pool(x);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(afterburner, m) {  // the library is src/kernels/ops.cpp
+  m.def("avg_pool2d_as_aten(Tensor x, int[] kernel_size, int[] stride, int[] padding, bool ceil_mode, "
+        "bool count_include_pad, int? divisor_override) -> Tensor",
+        TORCH_FN(avg_pool2d_as_aten));
+}
+
+int average_pools_as_aten(torch::jit::Graph& graph) {
+  int rewritten = 0;
+  std::vector<Node*> pools;
+  for (Node* node : graph.nodes()) {
+    if (node->kind() != c10::aten::avg_pool2d || node->inputs().size() != 7) continue;
+    const auto ceil_mode = torch::jit::constant_as<bool>(node->input(4));
+    const auto count_include_pad = torch::jit::constant_as<bool>(node->input(5));
+    const auto padding = torch::jit::toIValue(node->input(3));
+    const auto divisor = torch::jit::toIValue(node->input(6));
+    if (ceil_mode == false || count_include_pad == false) {
+      if (!divisor || !divisor->isNone()) pools.push_back(node);
+      continue;
+    }
+    const std::vector<int64_t> pads = padding && padding->isIntList() ? padding->toIntVector() : std::vector<int64_t>{1};
+    if (divisor && divisor->isNone() && std::all_of(pads.begin(), pads.end(), [](int64_t v) { return v == 0; })) {
+      // Without padding ATen's windows count the pixels they cover either way: count no padding.
+      torch::jit::WithInsertPoint insert_point(node);
+      node->replaceInput(5, graph.insertConstant(false));
+      ++rewritten;
+    } else {
+      pools.push_back(node);
+    }
+  }
+  for (Node* pool : pools) replace_by_call(pool, "afterburner::avg_pool2d_as_aten", pool->inputs());
+  return rewritten + static_cast<int>(pools.size());
 }
 
 }  // namespace afterburner::infer

@@ -23,6 +23,7 @@
 #include "afterburner/infer/onednn_graph.h"
 #include "afterburner/infer/onednn_linear.h"
 #include "afterburner/infer/packed_conv.h"
+#include "afterburner/infer/pool_first.h"
 #include "afterburner/infer/winograd_conv.h"
 #include "afterburner/kernels/fuse.h"
 #include "graph_edits.h"
@@ -287,6 +288,7 @@ Module prepare_for_inference(const Module& optimized) {
   torch::jit::ConstantPropagation(frozen_graph, /*ignore_custom_classes=*/true);
   check_onednn_layouts(*frozen_graph);
   clamp_bounds_as_floats(*frozen_graph);
+  average_pools_as_aten(*frozen_graph);
   Module prepared = torch::jit::optimize_for_inference(frozen);
   auto graph = prepared.get_method("forward").graph();
   route_matmuls_to_onednn(graph);
@@ -299,8 +301,9 @@ Module prepare_for_inference(const Module& optimized) {
   propagate_non_finite_as_aten(graph);
   read_sizes_on_onednn(graph);  // first: a size read keeps alive a dense copy the moves would drop
   move_onto_onednn(graph);
-  fuse_activations_into_convolutions(graph);  // after the NaN rewrites and the moves: ReLU is hardtanh by then
   batch_norm_relu_into_onednn(graph);  // after the NaN rewrites: its dense ReLU is LibTorch's already
+  fuse_activations_into_convolutions(graph);  // after the NaN rewrites and the moves: ReLU is hardtanh by then
+  pool_before_pointwise_convolutions(graph);
   concatenate_into_growing_buffers(graph);
   return prepared;
 }

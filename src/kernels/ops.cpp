@@ -125,8 +125,9 @@ TORCH_LIBRARY(afterburner, m) {
   // a * b with broadcasting, as aten::mul; on oneDNN tensors a [N, C, 1, 1] scale of a [N, C, H, W]
   // tensor multiplies in the big one's layout (kernels/onednn_elementwise.cpp).
   m.def("broadcast_mul(Tensor a, Tensor b) -> Tensor");
-  // relu(x * scale + shift) per channel of a dense x, as a oneDNN tensor (kernels/onednn_elementwise.cpp).
-  m.def("scale_shift_relu_to_onednn(Tensor x, Tensor scale, Tensor shift) -> Tensor");
+  // relu(x * scale + shift) per channel of a dense x, as a oneDNN tensor, and a bound of its
+  // magnitudes (kernels/onednn_elementwise.cpp).
+  m.def("scale_shift_relu_to_onednn(Tensor x, Tensor scale, Tensor shift) -> (Tensor, float)");
   // torch.cat(tensors, 1) in a buffer with `spare` more channels, and torch.cat([held, *more], 1)
   // writing only `more` into held's buffer where it has room (kernels/channel_concat.h).
   m.def("concat_reserve(Tensor[] tensors, int spare) -> Tensor");

@@ -28,7 +28,9 @@
 namespace afterburner::infer::conv_activation_test {
 namespace {
 namespace jit = torch::jit;
+using testing::answer;
 using testing::BitwiseEqual;
+using testing::nodes_of_kind;
 
 struct Geometry {
   const char* name;
@@ -52,18 +54,6 @@ jit::Module convolution(const Geometry& g, const std::string& activation) {
   return module;
 }
 
-torch::Tensor answer(jit::Module& module, const torch::Tensor& x) {
-  const torch::NoGradGuard no_grad;
-  return module.forward({x}).toTensor();
-}
-
-// The module's answer in double precision (weights and input widened).
-torch::Tensor exact(const jit::Module& module, const torch::Tensor& x) {
-  jit::Module wide = module.clone();
-  wide.to(torch::kDouble);
-  return answer(wide, x.to(torch::kDouble));
-}
-
 // The largest error of y against its double-precision answer, to `scale`.
 double error_to_scale(const torch::Tensor& y, const torch::Tensor& reference, double scale) {
   return (y.to(torch::kDouble) - reference).abs().max().item<double>() / scale;
@@ -80,14 +70,6 @@ double sums_scale(const jit::Module& module, const torch::Tensor& x, const Geome
 // Winograd's transforms and oneDNN's exp and erf add roundings of their own: bounded as
 // winograd_conv_test bounds Winograd's.
 constexpr double kError = 32 * std::numeric_limits<float>::epsilon();
-
-int count(const jit::Module& module, const char* kind) {
-  int found = 0;
-  for (const jit::Node* node : module.get_method("forward").graph()->nodes()) {
-    found += node->kind().toQualString() == std::string(kind);
-  }
-  return found;
-}
 
 const std::vector<std::string> kActivations{
     "torch.relu(y)",  "torch.relu_(y)",      "torch.hardtanh(y, 0.0, 6.0)", "torch.hardtanh(y, -1.0, 2.0)",
@@ -109,7 +91,7 @@ TEST(ConvActivation, WithinTheConvolutionsErrorTwiceTheSame) {
       jit::Module module = convolution(g, activation);
       jit::Module prepared = prepare_for_inference(jit::freeze(module));
       SCOPED_TRACE(fmt::format("{}, {}", g.name, activation));
-      ASSERT_EQ(count(prepared, "afterburner::conv2d_activation"), 1);
+      ASSERT_EQ(nodes_of_kind(prepared, "afterburner::conv2d_activation"), 1);
       for (const int64_t batch : {1, 2, 7, 8}) {
         SCOPED_TRACE(fmt::format("batch {}", batch));
         const torch::Tensor x = torch::randn({batch, g.channels, g.size, g.size});
@@ -117,7 +99,7 @@ TEST(ConvActivation, WithinTheConvolutionsErrorTwiceTheSame) {
         const torch::Tensor first = answer(prepared, x), second = answer(prepared, x);
         EXPECT_TRUE(BitwiseEqual(second, first)) << "a second call answered otherwise";
         EXPECT_TRUE(BitwiseEqual(x, before)) << "the input changed";
-        const torch::Tensor reference = exact(module, x);
+        const torch::Tensor reference = testing::exact_answer(module, x);
         ASSERT_EQ(first.sizes(), reference.sizes());
         EXPECT_LE(error_to_scale(first, reference, sums_scale(module, x, g)), kError);
       }
@@ -164,7 +146,7 @@ TEST(ConvActivation, LargeInputsWithoutABoundStayUnfused) {
   torch::manual_seed(4);
   jit::Module module = convolution(g, "torch.silu(y)");
   jit::Module theirs = libtorchs(module), prepared = prepare_for_inference(jit::freeze(module));
-  ASSERT_EQ(count(prepared, "afterburner::conv2d_activation"), 1);
+  ASSERT_EQ(nodes_of_kind(prepared, "afterburner::conv2d_activation"), 1);
   const torch::Tensor x = torch::randn({3, g.channels, g.size, g.size});
   EXPECT_TRUE(BitwiseEqual(answer(prepared, x), answer(theirs, x)));
 }
@@ -200,7 +182,7 @@ TEST(ConvActivation, AChainPassesItsBoundAlong) {
     const torch::Tensor x = torch::randn({batch, 16, 14, 14});
     const torch::Tensor first = answer(prepared, x);
     EXPECT_TRUE(BitwiseEqual(answer(prepared, x), first));
-    const torch::Tensor reference = exact(module, x);
+    const torch::Tensor reference = testing::exact_answer(module, x);
     EXPECT_LE(error_to_scale(first, reference, reference.abs().max().item<double>()), kError);
     EXPECT_FALSE(BitwiseEqual(first, answer(theirs, x))) << "both fused: rounded otherwise than LibTorch's";
   }
@@ -221,9 +203,9 @@ TEST(ConvActivation, LeavesWhatItCannotFuse) {
     torch::manual_seed(6);
     jit::Module module = convolution(g, other);
     jit::Module prepared = prepare_for_inference(jit::freeze(module));
-    EXPECT_EQ(count(prepared, "afterburner::conv2d_activation"), 0);
+    EXPECT_EQ(nodes_of_kind(prepared, "afterburner::conv2d_activation"), 0);
     const torch::Tensor x = torch::randn({2, g.channels, g.size, g.size});
-    EXPECT_LE(error_to_scale(answer(prepared, x), exact(module, x), sums_scale(module, x, g)), kError);
+    EXPECT_LE(error_to_scale(answer(prepared, x), testing::exact_answer(module, x), sums_scale(module, x, g)), kError);
   }
 }
 

@@ -50,14 +50,6 @@ jit::Module squeeze_excitation(int64_t channels) {
   return module;
 }
 
-int count(const jit::Module& module, const char* kind) {
-  int n = 0;
-  for (const jit::Node* node : module.get_method("forward").graph()->nodes()) {
-    n += node->kind().toQualString() == std::string(kind);
-  }
-  return n;
-}
-
 // The prepared model answers [N, 3, 8, 8] images as the module's own ops do, twice: images with
 // NaN, +inf, -inf, then finite ones (batch 1 finite, 2 with -inf, 7 all).
 void expect_answers_as(jit::Module& module, jit::Module& prepared) {
@@ -75,10 +67,10 @@ TEST(OnednnGraph, SqueezeExcitationMultipliesOnOnednnAndAnswersAsLibTorch) {
     SCOPED_TRACE(fmt::format("{} channels", channels));
     jit::Module module = squeeze_excitation(channels);
     jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
-    EXPECT_EQ(count(prepared, "afterburner::broadcast_mul"), 1);
-    EXPECT_EQ(count(prepared, "prim::BroadcastMKLDNNTensors"), 0);
+    EXPECT_EQ(nodes_of_kind(prepared, "afterburner::broadcast_mul"), 1);
+    EXPECT_EQ(nodes_of_kind(prepared, "prim::BroadcastMKLDNNTensors"), 0);
     // One conversion to dense: the output's. None for the sizes.
-    EXPECT_EQ(count(prepared, "aten::to_dense"), 1);
+    EXPECT_EQ(nodes_of_kind(prepared, "aten::to_dense"), 1);
     expect_answers_as(module, prepared);
   }
 }
@@ -128,9 +120,9 @@ TEST(OnednnGraph, SiluAndSqueezeExcitationRunOnOnednnAndAnswerAsLibTorch) {
     SCOPED_TRACE(c.name);
     jit::Module module = silu_model(c.body);
     jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
-    EXPECT_EQ(count(prepared, "aten::to_dense"), c.conversions);
-    EXPECT_EQ(count(prepared, "afterburner::conv2d_activation"), c.fused);
-    EXPECT_EQ(count(prepared, "aten::silu_"), 0) << "a silu left on a dense copy";
+    EXPECT_EQ(nodes_of_kind(prepared, "aten::to_dense"), c.conversions);
+    EXPECT_EQ(nodes_of_kind(prepared, "afterburner::conv2d_activation"), c.fused);
+    EXPECT_EQ(nodes_of_kind(prepared, "aten::silu_"), 0) << "a silu left on a dense copy";
     expect_answers_as(module, prepared);
   }
 }
@@ -153,9 +145,9 @@ TEST(OnednnGraph, ResidualsSkipTheRoundTripThroughDense) {
                               "    return ") + sum + "\n");
     module.eval();
     jit::Module frozen = jit::freeze(module);
-    ASSERT_GE(count(jit::optimize_for_inference(frozen), "aten::to_mkldnn"), 2) << "LibTorch converts it back";
+    ASSERT_GE(nodes_of_kind(jit::optimize_for_inference(frozen), "aten::to_mkldnn"), 2) << "LibTorch converts it back";
     jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
-    EXPECT_EQ(count(prepared, "aten::to_mkldnn"), 1) << "the input's only";
+    EXPECT_EQ(nodes_of_kind(prepared, "aten::to_mkldnn"), 1) << "the input's only";
     expect_answers_as(module, prepared);
   }
 }
@@ -221,8 +213,13 @@ TEST(OnednnGraph, DenseNetLayersBatchNormReluGoesIntoOnednnInOnePass) {
     SCOPED_TRACE(fmt::format("{} channels", channels + 3));
     jit::Module module = dense_layer(channels);
     jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
-    EXPECT_EQ(count(prepared, "afterburner::scale_shift_relu_to_onednn"), 1);
-    EXPECT_EQ(count(prepared, "aten::batch_norm"), 0) << "the second BatchNorm folds into its convolution";
+    EXPECT_EQ(nodes_of_kind(prepared, "afterburner::scale_shift_relu_to_onednn"), 1);
+    EXPECT_EQ(nodes_of_kind(prepared, "aten::batch_norm"), 0) << "the second BatchNorm folds into its convolution";
+    for (const torch::jit::Node* node : prepared.get_method("forward").graph()->nodes()) {
+      if (node->kind().toQualString() != std::string("afterburner::conv2d_activation")) continue;
+      EXPECT_EQ(node->input(9)->node()->kind().toQualString(), std::string("afterburner::scale_shift_relu_to_onednn"))
+          << "the 1x1 convolution and its ReLU take the bound the BatchNorm and ReLU before returned";
+    }
     expect_answers_as(module, prepared);
   }
 }
@@ -258,15 +255,15 @@ jit::Module dense_block() {
 TEST(OnednnGraph, DenseNetBlocksConcatenateIntoOneGrowingBuffer) {
   jit::Module module = dense_block();
   jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
-  EXPECT_EQ(count(prepared, "aten::cat"), 0);
-  EXPECT_EQ(count(prepared, "afterburner::concat_reserve"), 1);
-  EXPECT_EQ(count(prepared, "afterburner::concat_append"), 3);
+  EXPECT_EQ(nodes_of_kind(prepared, "aten::cat"), 0);
+  EXPECT_EQ(nodes_of_kind(prepared, "afterburner::concat_reserve"), 1);
+  EXPECT_EQ(nodes_of_kind(prepared, "afterburner::concat_append"), 3);
   for (const torch::jit::Node* node : prepared.get_method("forward").graph()->nodes()) {
     if (node->kind().toQualString() == std::string("afterburner::concat_reserve")) {
       EXPECT_EQ(torch::jit::toIValue(node->input(1))->toInt(), 3 * 8) << "room for the three layers' features";
     }
   }
-  EXPECT_EQ(count(prepared, "afterburner::scale_shift_relu_to_onednn"), 3) << "reads the buffer's slices";
+  EXPECT_EQ(nodes_of_kind(prepared, "afterburner::scale_shift_relu_to_onednn"), 3) << "reads the buffer's slices";
   expect_answers_as(module, prepared);
 }
 
@@ -276,8 +273,8 @@ TEST(OnednnGraph, Bf16DenseNetBlocksKeepTorchCat) {
   jit::Module module = dense_block();
   auto optimized = infer::optimize(module, infer::OptimizeOptions().precision(infer::Precision::bf16)).model;
   jit::Module prepared = infer::prepare_for_inference(optimized);
-  EXPECT_EQ(count(prepared, "afterburner::concat_reserve"), 0);
-  EXPECT_EQ(count(prepared, "aten::cat"), 4);
+  EXPECT_EQ(nodes_of_kind(prepared, "afterburner::concat_reserve"), 0);
+  EXPECT_EQ(nodes_of_kind(prepared, "aten::cat"), 4);
 }
 
 }  // namespace

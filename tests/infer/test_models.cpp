@@ -111,6 +111,20 @@ torch::Tensor answer(torch::jit::Module& model, const torch::Tensor& x) {
   return model.forward({x}).toTensor();
 }
 
+torch::Tensor exact_answer(const torch::jit::Module& model, const torch::Tensor& x) {
+  torch::jit::Module wide = model.clone();
+  wide.to(torch::kDouble);
+  return answer(wide, x.to(torch::kDouble));
+}
+
+int nodes_of_kind(const torch::jit::Module& model, const std::string& kind) {
+  int found = 0;
+  for (const torch::jit::Node* node : model.get_method("forward").graph()->nodes()) {
+    found += node->kind().toQualString() == kind;
+  }
+  return found;
+}
+
 bool graph_has(const torch::jit::Module& model, const std::string& kind) {
   auto graph = model.get_method("forward").graph()->copy();
   torch::jit::Inline(*graph);

@@ -25,6 +25,12 @@ torch::Tensor fashion_mnist_labels(const std::string& split, int64_t count);
 // The model's answer to `x` under InferenceMode, as serving computes it.
 torch::Tensor answer(torch::jit::Module& model, const torch::Tensor& x);
 
+// The model's answer to `x` in double precision: a copy of it with its weights widened, and x widened.
+torch::Tensor exact_answer(const torch::jit::Module& model, const torch::Tensor& x);
+
+// How many nodes of `kind` the forward graph's top block holds.
+int nodes_of_kind(const torch::jit::Module& model, const std::string& kind);
+
 // Whether the forward graph, with method calls inlined, holds a node of `kind` ("aten::relu").
 bool graph_has(const torch::jit::Module& model, const std::string& kind);
 

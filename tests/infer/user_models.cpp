@@ -40,8 +40,8 @@ void write_atomically(const fs::path& path, const std::string& text) {
 const std::vector<std::string>& user_model_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> all;
-    for (const char* base : {"cnn", "residual", "concat", "two_inputs", "two_outputs", "bn_dropout", "linear_no_bias",
-                             "sequence", "embedding", "shared_weights", "token_attention",
+    for (const char* base : {"cnn", "residual", "concat", "dense_transition", "two_inputs", "two_outputs", "bn_dropout",
+                             "linear_no_bias", "sequence", "embedding", "shared_weights", "token_attention",
                              "token_encoder"}) {
       for (const char* variant : {"scripted", "traced", "flat"}) all.push_back(fmt::format("{}_{}", base, variant));
     }

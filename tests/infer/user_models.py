@@ -114,6 +114,22 @@ class Concat(nn.Module):
         return self.head(torch.cat([self.wide(x), self.narrow(x)], dim=1))
 
 
+class DenseTransition(nn.Module):
+    """DenseNet's transition as its users write one (BatchNorm, ReLU, a 1x1 convolution without
+    bias, average pooling), the pooling in ceil mode over an odd size, then a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm2d(16)
+        self.conv = nn.Conv2d(16, 8, 1, bias=False)
+        self.pool = nn.AvgPool2d(2, 2, ceil_mode=True)
+        self.head = nn.Linear(8 * 5 * 5, 10)
+
+    def forward(self, x):
+        x = self.pool(self.conv(torch.relu(self.norm(x))))
+        return self.head(torch.flatten(x, 1))
+
+
 class TwoInputs(nn.Module):
     """An image and a feature vector, as a model with side information takes them."""
 
@@ -238,6 +254,7 @@ def corpus():
         "cnn": (issue_cnn, [float_input(1, 28, 28)]),
         "residual": (lambda: randomize_batch_norm(Residual()), [float_input(3, 12, 12)]),
         "concat": (Concat, [float_input(24)]),
+        "dense_transition": (lambda: randomize_batch_norm(DenseTransition()), [float_input(16, 9, 9)]),
         "two_inputs": (TwoInputs, [float_input(1, 12, 12), float_input(8)]),
         "two_outputs": (TwoOutputs, [float_input(20)]),
         "bn_dropout": (bn_dropout, [float_input(3, 8, 8)]),

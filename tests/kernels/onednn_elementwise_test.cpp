@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <limits>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -177,21 +178,30 @@ TEST(OnednnBroadcastMul, OtherShapesAndDenseTensorsAreATensMul) {
   }
 }
 
-torch::Tensor scale_shift_relu_to_onednn(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift) {
+// (y, the bound of |y| the op returns).
+std::tuple<torch::Tensor, double> scale_shift_relu_to_onednn_bounded(const torch::Tensor& x, const torch::Tensor& scale,
+                                                                     const torch::Tensor& shift) {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("afterburner::scale_shift_relu_to_onednn", "");
-  return op.typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>().call(x, scale,
-                                                                                                        shift);
+  return op.typed<std::tuple<torch::Tensor, double>(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>()
+      .call(x, scale, shift);
+}
+
+torch::Tensor scale_shift_relu_to_onednn(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift) {
+  return std::get<0>(scale_shift_relu_to_onednn_bounded(x, scale, shift));
 }
 
 // An inference BatchNorm's ReLU into a oneDNN tensor: ATen's batch_norm (scale and shift formed
 // here from its statistics) and relu, then to_mkldnn, to a rounding (ATen's batch_norm rounds
 // some elements otherwise), NaN and infinities where they put them, at batch 1 and odd sizes;
 // a second call bit for bit; the input left alone. A channel slice of a wider tensor (images
-// apart) takes the one pass too; a channels-last input goes the three ops' way.
+// apart) takes the one pass too; a channels-last input goes the three ops' way. On AVX-512 the
+// result is in oneDNN's nChw16c (full blocks of 16 channels take the vector kernel, 7x9 images
+// its 16-pixel tiles and a tail), as its convolutions read it; the op's second answer, the largest
+// value written, is +infinity where one is NaN or infinite.
 TEST(OnednnScaleShiftRelu, EqualsATensBatchNormReluAndConversion) {
   torch::manual_seed(3);
   const torch::NoGradGuard no_grad;
-  for (const int64_t channels : {6, 16, 35}) {
+  for (const int64_t channels : {6, 16, 35, 64}) {
     for (const int64_t batch : {1, 3}) {
       SCOPED_TRACE(::testing::Message() << channels << " channels, batch " << batch);
       const auto x = sprinkle_non_finite(torch::randn({batch, channels, 7, 9}) * 3);
@@ -204,11 +214,18 @@ TEST(OnednnScaleShiftRelu, EqualsATensBatchNormReluAndConversion) {
       const auto expected = torch::relu(torch::batch_norm(x, weight, bias, mean, var, false, 0.1, eps, false));
       const auto out = scale_shift_relu_to_onednn(x, scale, shift);
       ASSERT_TRUE(out.is_mkldnn());
+      EXPECT_EQ(onednn_images(out)->depth, __builtin_cpu_supports("avx512f") ? 16 : 1);
       EXPECT_TRUE(AgreesWithNonFinite(out.to_dense(), expected, 1e-6, 1e-6));
       EXPECT_TRUE(Identical(scale_shift_relu_to_onednn(x, scale, shift).to_dense(), out.to_dense())) << "second call";
       EXPECT_TRUE(AgreesWithNonFinite(channel_sum(out), channel_sum(expected.to_mkldnn()), 1e-4, 1e-5))
           << "as a convolution reads it (padding channels 0)";
       EXPECT_TRUE(Identical(x, before)) << "input changed";
+      EXPECT_EQ(std::get<1>(scale_shift_relu_to_onednn_bounded(x, scale, shift)),
+                std::numeric_limits<double>::infinity())
+          << "values holding NaN and infinities have no bound";
+      const auto finite = torch::randn({batch, channels, 7, 9}) * 3;
+      const auto [finite_out, bound] = scale_shift_relu_to_onednn_bounded(finite, scale, shift);
+      EXPECT_EQ(bound, finite_out.to_dense().max().item<double>()) << "the bound is the largest value written";
       // A channel slice of a wider tensor (a growing concatenation's, kernels/channel_concat.h).
       const auto wider = torch::cat({x, torch::randn({batch, 5, 7, 9})}, 1);
       EXPECT_TRUE(

@@ -23,7 +23,9 @@ namespace afterburner::infer {
 // ReLU6 in the forms propagate_non_finite_as_aten leaves), hardswish, silu, and gelu (erf form).
 // oneDNN computes SiLU and GELU with exp and erf of its own (within a few fp32 roundings of
 // ATen's), and sums holding NaN or an infinity not as ATen does (its ReLU turns NaN into 0). So
-// each call first reads its input's largest magnitude and bounds the sums by it: an input holding
+// each call bounds the sums by its input's largest magnitude, read from the input or taken from
+// the op that made it (another fused convolution, afterburner::scale_shift_relu_to_onednn, which
+// return the bound of their values alongside them): an input holding
 // NaN or an infinity, or values large enough that a sum could overflow, is convolved and then
 // activated apart, by the unfused graph's ops and with its answer. Returns how many were rewritten.
 int fuse_activations_into_convolutions(std::shared_ptr<torch::jit::Graph>& graph);

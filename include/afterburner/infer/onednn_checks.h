@@ -1,4 +1,4 @@
-// What torch::jit::optimize_for_inference lays out for oneDNN, checked (and one bug of the pass
+// What torch::jit::optimize_for_inference lays out for oneDNN, checked (and two bugs of the pass
 // worked around) before it does. The pass moves each convolution with a constant weight, and the
 // max pooling and element-wise ops after it, to oneDNN, trusting their arguments: its weight
 // reorder reads the weight's dimensions and the stride, padding and dilation per spatial dimension
@@ -13,6 +13,7 @@
 //   Module frozen = torch::jit::freeze(module);
 //   afterburner::infer::check_onednn_layouts(*frozen.get_method("forward").graph());  // throws Error
 //   afterburner::infer::clamp_bounds_as_floats(*frozen.get_method("forward").graph());
+//   afterburner::infer::average_pools_as_aten(*frozen.get_method("forward").graph());
 //   Module prepared = torch::jit::optimize_for_inference(frozen);
 #pragma once
 
@@ -33,5 +34,15 @@ void check_onednn_layouts(const torch::jit::Graph& graph);
 // "isDouble() INTERNAL ASSERT FAILED"). None becomes the infinity of its side, which clamps
 // nothing; the values are the same. Returns how many clamps were rewritten.
 int clamp_bounds_as_floats(torch::jit::Graph& graph);
+
+// Keeps off oneDNN the average poolings the pass would move there and oneDNN computes otherwise
+// than ATen (LibTorch 1.13, Python's too): with ceil_mode and count_include_pad, oneDNN counts the
+// last window's overhang past the input as padding (AvgPool2d(2, 2, ceil_mode=True) after a
+// convolution, on an odd size, answered wrongly), and a divisor_override fails at the first call
+// ("mkldnn_avg_pool2d operator does not support divisor"). Without padding, ATen's windows count
+// the pixels they cover whether count_include_pad is set or not: there it is unset, and the pooling
+// stays on oneDNN. The others become afterburner::avg_pool2d_as_aten, ATen's avg_pool2d under a
+// name the pass does not move. Returns how many were rewritten.
+int average_pools_as_aten(torch::jit::Graph& graph);
 
 }  // namespace afterburner::infer

@@ -44,7 +44,9 @@ int read_sizes_on_onednn(std::shared_ptr<torch::jit::Graph>& graph);
 // then converts for the layer's convolution: three passes over the features. Rewrites
 // to_mkldnn(relu(batch_norm(x))) of an inference BatchNorm with constant statistics, each result
 // read by the next op only, as afterburner::scale_shift_relu_to_onednn: one pass, not three; scale and shift
-// computed from the statistics as LibTorch's batch_norm computes them. Returns how many were.
+// computed from the statistics as LibTorch's batch_norm computes them. The op also returns a bound
+// of its values, which fuse_activations_into_convolutions hands the convolution reading them.
+// Returns how many were.
 int batch_norm_relu_into_onednn(std::shared_ptr<torch::jit::Graph>& graph);
 
 }  // namespace afterburner::infer
