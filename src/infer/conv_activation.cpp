@@ -1,6 +1,7 @@
 #include "afterburner/infer/conv_activation.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "afterburner/infer/winograd_conv.h"
 #include "conv_bounds.h"
 #include "conv_sizes.h"
 #include "winograd_weights.h"
@@ -117,6 +119,55 @@ std::tuple<at::Tensor, double> conv2d_activation(const at::Tensor& x, const at::
   return {onednn_tensor(std::move(y)), bound};
 }
 
+// y = relu(y + residual) over two buffers of one layout (padding channels: 0 + 0, kept 0), in
+// one pass where ATen's add_ and hardtanh_ make two; the sum then the ReLU, each as ATen rounds it.
+void add_relu_in_place(const ideep::tensor& y, const ideep::tensor& residual) {
+  auto* out = static_cast<float*>(y.get_data_handle());
+  const auto* add = static_cast<const float*>(residual.get_data_handle());
+  at::parallel_for(0, static_cast<int64_t>(y.get_size() / sizeof(float)), 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float sum = out[i] + add[i];
+      out[i] = sum < 0.0f ? 0.0f : sum;
+    }
+  });
+}
+
+// (y, bound): y = relu(conv2d(x, weight, bias) + residual), a residual block's end (ResNet's).
+// Where the sums and the residual are certainly finite (bounded as conv2d_activation bounds them,
+// the residual's magnitude added), oneDNN's Winograd convolution, whose output needs no check for
+// NaN then, and the sum and ReLU in one pass over it; else the convolution, ATen's add and ReLU one
+// after the other, as the graph computed them (its bits). oneDNN 2.6's Winograd kernels take no
+// sum post-op ("could not create a descriptor"): the pass is ours. `residual_bound` bounds
+// |residual| where the op that computed it returned one, else it is read.
+std::tuple<at::Tensor, double> conv2d_add_relu(const at::Tensor& x, const at::Tensor& weight,
+                                               const c10::optional<at::Tensor>& bias, std::vector<int64_t> stride,
+                                               std::vector<int64_t> padding, std::vector<int64_t> dilation,
+                                               int64_t groups, const c10::intrusive_ptr<ConvActivation>& relu,
+                                               const c10::intrusive_ptr<WinogradWeights>& winograd,
+                                               const at::Tensor& residual, c10::optional<double> input_bound,
+                                               c10::optional<double> residual_bound) {
+  const at::AutoDispatchBelowAutograd below_autograd;
+  const auto unfused = [&] {
+    at::Tensor y = convolve_on_onednn(x, weight, bias, stride, padding, dilation, groups, winograd);
+    y.add_(residual);
+    return std::make_tuple(relu->unfused(y), std::numeric_limits<double>::infinity());
+  };
+  const auto onednn_fp32 = [](const at::Tensor& t) { return t.is_mkldnn() && t.scalar_type() == at::kFloat; };
+  if (!onednn_fp32(x) || !onednn_fp32(residual) || x.dim() != 4) return unfused();
+  const std::vector<int64_t> out_sizes = conv2d_output_sizes(x, weight, stride, padding, dilation);
+  if (residual.sizes() != at::IntArrayRef(out_sizes) ||
+      !winograd_pays(out_sizes[0], out_sizes[2], out_sizes[3], x.size(1), out_sizes[1])) {
+    return unfused();  // before reading any bound
+  }
+  const double sums = relu->output_bound(input_bound ? *input_bound : largest_magnitude(ideep_tensor(x)));
+  const double bound = sums + (residual_bound ? *residual_bound : largest_magnitude(ideep_tensor(residual)));
+  if (!(bound < kFiniteSums)) return unfused();
+  const auto y = winograd_convolution(x, *winograd, bias, padding, ideep::attr_t());
+  if (!y || ideep_tensor(*y).get_desc() != ideep_tensor(residual).get_desc()) return unfused();
+  add_relu_in_place(ideep_tensor(*y), ideep_tensor(residual));
+  return {*y, bound};
+}
+
 // The bound of a constant in (-inf, inf] an activation's Scalar? argument holds: None is `none`.
 std::optional<double> scalar_bound(jit::Value* value, double none) {
   const auto constant = jit::toIValue(value);
@@ -171,47 +222,133 @@ TORCH_LIBRARY_FRAGMENT(afterburner, m) {  // the library is src/kernels/ops.cpp
         "int groups, __torch__.torch.classes.afterburner.ConvActivation activation, "
         "__torch__.torch.classes.afterburner.WinogradWeights? winograd, float? input_bound) -> (Tensor, float)",
         conv2d_activation);
+  m.def("conv2d_add_relu(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
+        "int groups, __torch__.torch.classes.afterburner.ConvActivation relu, "
+        "__torch__.torch.classes.afterburner.WinogradWeights winograd, Tensor residual, float? input_bound, "
+        "float? residual_bound) -> (Tensor, float)",
+        conv2d_add_relu);
 }
 
+namespace {
+
+const c10::Symbol kFusedActivation = c10::Symbol::fromQualString("afterburner::conv2d_activation");
+const c10::Symbol kFusedSum = c10::Symbol::fromQualString("afterburner::conv2d_add_relu");
+const c10::Symbol kWinograd = c10::Symbol::fromQualString("afterburner::conv2d_winograd");
+const c10::Symbol kOnednnConvolution = c10::Symbol::fromQualString("prim::mkldnn_convolution");
+
+// A fused node reading `conv`'s inputs (x, weight, bias, stride, padding, dilation, groups), then
+// `more`, made before `place` and taking the place of its output.
+jit::Node* fused_node(jit::Graph& graph, c10::Symbol kind, jit::Node* conv, jit::Node* place,
+                      const std::vector<jit::Value*>& more) {
+  std::vector<jit::Value*> inputs(conv->inputs().begin(), conv->inputs().begin() + 7);
+  inputs.insert(inputs.end(), more.begin(), more.end());
+  jit::Node* node = graph.create(kind, inputs, 2)->insertBefore(place);
+  node->output(0)->setType(place->output()->type());
+  node->output(1)->setType(c10::FloatType::get());  // the values' bound
+  place->output()->replaceAllUsesWith(node->output(0));
+  return node;
+}
+
+// conv -> activation as afterburner::conv2d_activation; nullptr where the pattern or the bounds are not there.
+jit::Node* fuse_activation(jit::Graph& graph, jit::Node* conv, jit::Node* user) {
+  const auto activation = activation_of(user);
+  const auto bounds = sum_bounds(conv);
+  if (!activation || !bounds || user->input(0) != conv->output()) return nullptr;
+  const auto [kind, lower, upper] = *activation;
+  jit::WithInsertPoint insert_point(conv);
+  jit::Value* holder = graph.insertConstant(
+      c10::IValue(c10::make_intrusive<ConvActivation>(kind, lower, upper, bounds->first, bounds->second)));
+  jit::Value* winograd = conv->kind() == kWinograd ? conv->input(7) : graph.insertConstant(c10::IValue());
+  jit::Value* input_bound = graph.insertConstant(c10::IValue());  // connected by connect_bounds
+  jit::Node* node = fused_node(graph, kFusedActivation, conv, user, {holder, winograd, input_bound});
+  user->destroy();
+  conv->destroy();
+  return node;
+}
+
+// Winograd's conv -> prim::BroadcastMKLDNNTensors(y, residual) -> aten::add_(y, residual, 1) ->
+// ReLU (the add writing into the convolution's output) as afterburner::conv2d_add_relu; nullptr
+// where the pattern or the bounds are not there.
+jit::Node* fuse_residual_sum(jit::Graph& graph, jit::Node* conv, jit::Node* broadcast) {
+  if (conv->kind() != kWinograd || broadcast->kind() != c10::prim::BroadcastMKLDNNTensors ||
+      broadcast->input(0) != conv->output() || broadcast->output(0)->uses().size() != 1 ||
+      broadcast->output(1)->uses().size() != 1) {
+    return nullptr;
+  }
+  jit::Node* add = broadcast->output(0)->uses()[0].user;
+  if (add->kind() != c10::aten::add_ || add->inputs().size() != 3 || add->input(0) != broadcast->output(0) ||
+      add->input(1) != broadcast->output(1) || add->output()->uses().size() != 1) {
+    return nullptr;
+  }
+  const auto alpha = jit::toIValue(add->input(2));
+  if (!alpha || !alpha->isScalar() || alpha->toScalar().toDouble() != 1) return nullptr;
+  jit::Node* relu = add->output()->uses()[0].user;
+  const auto activation = activation_of(relu);
+  const auto bounds = sum_bounds(conv);
+  if (!activation || !bounds || relu->input(0) != add->output() ||
+      *activation != std::make_tuple(Activation::clip, 0., std::numeric_limits<double>::infinity())) {
+    return nullptr;
+  }
+  jit::WithInsertPoint insert_point(conv);
+  jit::Value* holder = graph.insertConstant(c10::IValue(c10::make_intrusive<ConvActivation>(
+      Activation::clip, 0., std::numeric_limits<double>::infinity(), bounds->first, bounds->second)));
+  jit::Value* no_bound = graph.insertConstant(c10::IValue());  // connected by connect_bounds
+  jit::Node* node =
+      fused_node(graph, kFusedSum, conv, relu, {holder, conv->input(7), broadcast->input(1), no_bound, no_bound});
+  relu->destroy();
+  add->destroy();
+  broadcast->destroy();
+  conv->destroy();
+  return node;
+}
+
+// Whether every use of `value` reads it as a convolution's input or as a fused sum's residual:
+// nothing writes it in place, so a bound of it taken where it was made holds at each use.
+bool read_by_convolutions_only(const jit::Value* value) {
+  return std::all_of(value->uses().begin(), value->uses().end(), [](const jit::Use& use) {
+    const c10::Symbol kind = use.user->kind();
+    const bool convolved = use.offset == 0 && (kind == kFusedActivation || kind == kFusedSum || kind == kWinograd ||
+                                               kind == kOnednnConvolution);
+    return convolved || (use.offset == 9 && kind == kFusedSum);
+  });
+}
+
+// The bound `value`'s op returned alongside it (a fused convolution's, or BatchNorm and ReLU
+// written into oneDNN's layout), where one did and it holds at every use; else nullptr.
+jit::Value* returned_bound(jit::Value* value) {
+  const c10::Symbol kind = value->node()->kind();
+  const bool returns_bound = kind == kFusedActivation || kind == kFusedSum ||
+                             kind == c10::Symbol::fromQualString("afterburner::scale_shift_relu_to_onednn");
+  return returns_bound && value->offset() == 0 && read_by_convolutions_only(value) ? value->node()->output(1)
+                                                                                    : nullptr;
+}
+
+// Each fused node takes the bounds of its input (and residual) the ops that made them returned:
+// a chain's first convolution reads its input's magnitudes, the others need not.
+void connect_bounds(const std::vector<jit::Node*>& fused) {
+  for (jit::Node* node : fused) {
+    const bool sum = node->kind() == kFusedSum;
+    if (jit::Value* bound = returned_bound(node->input(0))) node->replaceInput(sum ? 10 : 9, bound);
+    if (jit::Value* bound = sum ? returned_bound(node->input(9)) : nullptr) node->replaceInput(11, bound);
+  }
+}
+
+}  // namespace
+
 int fuse_activations_into_convolutions(std::shared_ptr<jit::Graph>& graph) {
-  const c10::Symbol mkldnn_convolution = c10::Symbol::fromQualString("prim::mkldnn_convolution");
-  const c10::Symbol winograd_convolution = c10::Symbol::fromQualString("afterburner::conv2d_winograd");
   std::vector<jit::Node*> convolutions;
   for (jit::Node* node : graph->nodes()) {
-    if (node->kind() == mkldnn_convolution || node->kind() == winograd_convolution) convolutions.push_back(node);
+    if (node->kind() == kOnednnConvolution || node->kind() == kWinograd) convolutions.push_back(node);
   }
-  const c10::Symbol fused_kind = c10::Symbol::fromQualString("afterburner::conv2d_activation");
   std::vector<jit::Node*> fused;
   for (jit::Node* conv : convolutions) {
     if (conv->output()->uses().size() != 1) continue;
     jit::Node* user = conv->output()->uses()[0].user;
-    const auto activation = activation_of(user);
-    const auto bounds = sum_bounds(conv);
-    if (!activation || !bounds || user->input(0) != conv->output()) continue;
-    const auto [kind, lower, upper] = *activation;
-    jit::WithInsertPoint insert_point(conv);
-    std::vector<jit::Value*> inputs(conv->inputs().begin(), conv->inputs().begin() + 7);
-    inputs.push_back(graph->insertConstant(
-        c10::IValue(c10::make_intrusive<ConvActivation>(kind, lower, upper, bounds->first, bounds->second))));
-    inputs.push_back(conv->kind() == winograd_convolution ? conv->input(7) : graph->insertConstant(c10::IValue()));
-    inputs.push_back(graph->insertConstant(c10::IValue()));  // the input's bound: connected below
-    jit::Node* node = graph->create(fused_kind, inputs, 2)->insertBefore(user);
-    node->output(0)->setType(user->output()->type());
-    node->output(1)->setType(c10::FloatType::get());
-    user->output()->replaceAllUsesWith(node->output(0));
-    user->destroy();
-    conv->destroy();
-    fused.push_back(node);
+    jit::Node* node = fuse_activation(*graph, conv, user);
+    if (!node) node = fuse_residual_sum(*graph, conv, user);
+    if (node) fused.push_back(node);
   }
-  // A fused convolution reading only the output of another (or of a BatchNorm and ReLU written
-  // into oneDNN's layout) takes the bound that one returned: a chain's first convolution reads its
-  // input's magnitudes, the others need not.
-  const c10::Symbol scale_shift_relu = c10::Symbol::fromQualString("afterburner::scale_shift_relu_to_onednn");
-  for (jit::Node* node : fused) {
-    const jit::Value* x = node->input(0);
-    const bool bounded = x->node()->kind() == fused_kind || x->node()->kind() == scale_shift_relu;
-    if (bounded && x->uses().size() == 1 && x->offset() == 0) node->replaceInput(9, x->node()->output(1));
-  }
+  connect_bounds(fused);
   return static_cast<int>(fused.size());
 }
 

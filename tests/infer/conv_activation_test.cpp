@@ -8,7 +8,8 @@
 // than the activation's own pass, it gives the unfused graph's answer, bit for bit; the finite
 // image of the same batch alone still gets oneDNN's post-op. A chain of fused convolutions passes
 // the bound of its values along. Activations oneDNN's post-op would change the padding channels of,
-// and convolutions whose output something else reads, stay unfused.
+// and convolutions whose output something else reads, stay unfused. ResNet's residual sum and ReLU
+// after a Winograd convolution take one pass, with the bounds the convolutions before returned.
 #include "afterburner/infer/conv_activation.h"
 
 #include <fmt/format.h>
@@ -192,6 +193,66 @@ TEST(ConvActivation, AChainPassesItsBoundAlong) {
   EXPECT_TRUE(BitwiseEqual(answer(prepared, images), answer(theirs, images)));
   const torch::Tensor huge = with_one_huge_value(torch::randn({2, 16, 14, 14}));
   EXPECT_TRUE(BitwiseEqual(answer(prepared, huge), answer(theirs, huge)));
+}
+
+// A stem convolution and ResNet's basic block after it, 64 channels at 28x28 (Winograd's from
+// batch 3): conv-ReLU-conv, then `residual` adds the block's input, then ReLU.
+jit::Module basic_block(const std::string& residual) {
+  torch::manual_seed(9);
+  jit::Module module("__torch__.BasicBlock");
+  module.register_parameter("w0", torch::randn({64, 64, 3, 3}) * 0.06, false);
+  module.register_parameter("w1", torch::randn({64, 64, 3, 3}) * 0.06, false);
+  module.register_parameter("w2", torch::randn({64, 64, 3, 3}) * 0.06, false);
+  module.register_parameter("b", torch::randn({64}) * 0.1, false);
+  module.define(fmt::format("def forward(self, x):\n"
+                            "    x = torch.relu(torch.conv2d(x, self.w0, self.b, [1, 1], [1, 1], [1, 1], 1))\n"
+                            "    y = torch.relu(torch.conv2d(x, self.w1, self.b, [1, 1], [1, 1], [1, 1], 1))\n"
+                            "    y = torch.conv2d(y, self.w2, self.b, [1, 1], [1, 1], [1, 1], 1)\n"
+                            "    {}\n"
+                            "    return torch.relu(y)\n",
+                            residual));
+  module.eval();
+  return module;
+}
+
+// `out += identity; relu(out)` after a Winograd convolution: the sum and the ReLU in one pass,
+// taking the bounds the convolutions before returned; within Winograd's error of the
+// double answer at batch 1, 2 (too small for Winograd: the graph's ops), 7 and 8, twice the same,
+// input untouched; NaN, infinities and values near overflow answered as the module answers them.
+TEST(ConvActivation, ResidualSumsAndReluInOnePass) {
+  jit::Module module = basic_block("y += x");
+  jit::Module prepared = prepare_for_inference(jit::freeze(module));
+  ASSERT_EQ(nodes_of_kind(prepared, "afterburner::conv2d_add_relu"), 1);
+  EXPECT_EQ(nodes_of_kind(prepared, "aten::add_"), 0);
+  for (const jit::Node* node : prepared.get_method("forward").graph()->nodes()) {
+    if (node->kind().toQualString() != std::string("afterburner::conv2d_add_relu")) continue;
+    EXPECT_EQ(node->input(10)->node()->kind().toQualString(), std::string("afterburner::conv2d_activation"))
+        << "takes the first convolution's bound";
+    EXPECT_EQ(node->input(11)->node()->kind().toQualString(), std::string("afterburner::conv2d_activation"))
+        << "and the stem's, which made the residual";
+  }
+  for (const int64_t batch : {1, 2, 7, 8}) {
+    SCOPED_TRACE(fmt::format("batch {}", batch));
+    const torch::Tensor x = torch::randn({batch, 64, 28, 28});
+    const torch::Tensor before = x.clone();
+    const torch::Tensor first = answer(prepared, x);
+    EXPECT_TRUE(BitwiseEqual(answer(prepared, x), first)) << "a second call answered otherwise";
+    EXPECT_TRUE(BitwiseEqual(x, before)) << "the input changed";
+    const torch::Tensor reference = testing::exact_answer(module, x);
+    EXPECT_LE(error_to_scale(first, reference, reference.abs().max().item<double>()), kError);
+  }
+  const torch::Tensor images = torch::cat({testing::images_with_non_finite({64, 28, 28}, 900),
+                                           with_one_huge_value(torch::randn({4, 64, 28, 28}))});
+  EXPECT_TRUE(testing::AgreesWithNonFinite(answer(prepared, images), answer(module, images), 1e-4, 1e-4));
+}
+
+TEST(ConvActivation, ResidualSumsWrittenIntoTheResidualStayApart) {
+  jit::Module module = basic_block("y = x.add_(y)");  // the sum goes into x's buffer, not y's
+  jit::Module prepared = prepare_for_inference(jit::freeze(module));
+  EXPECT_EQ(nodes_of_kind(prepared, "afterburner::conv2d_add_relu"), 0);
+  const torch::Tensor x = torch::randn({8, 64, 28, 28});
+  const torch::Tensor reference = testing::exact_answer(module, x);
+  EXPECT_LE(error_to_scale(answer(prepared, x), reference, reference.abs().max().item<double>()), kError);
 }
 
 TEST(ConvActivation, LeavesWhatItCannotFuse) {

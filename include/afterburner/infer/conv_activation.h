@@ -27,7 +27,11 @@ namespace afterburner::infer {
 // the op that made it (another fused convolution, afterburner::scale_shift_relu_to_onednn, which
 // return the bound of their values alongside them): an input holding
 // NaN or an infinity, or values large enough that a sum could overflow, is convolved and then
-// activated apart, by the unfused graph's ops and with its answer. Returns how many were rewritten.
+// activated apart, by the unfused graph's ops and with its answer. And a Winograd convolution
+// (afterburner::conv2d_winograd) whose output a residual is added to in place and then ReLU'd,
+// ResNet's `out += identity; relu(out)`, onto afterburner::conv2d_add_relu: under the same rule,
+// the residual's magnitude added to the bound, the Winograd output is not read again for NaN and
+// the sum and ReLU take one pass over it, not two. Returns how many were rewritten.
 int fuse_activations_into_convolutions(std::shared_ptr<torch::jit::Graph>& graph);
 
 }  // namespace afterburner::infer
