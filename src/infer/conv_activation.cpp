@@ -17,6 +17,7 @@
 #include "afterburner/infer/winograd_conv.h"
 #include "conv_bounds.h"
 #include "conv_sizes.h"
+#include "graph_edits.h"
 #include "winograd_weights.h"
 
 namespace afterburner::infer {
@@ -236,17 +237,12 @@ const c10::Symbol kFusedSum = c10::Symbol::fromQualString("afterburner::conv2d_a
 const c10::Symbol kWinograd = c10::Symbol::fromQualString("afterburner::conv2d_winograd");
 const c10::Symbol kOnednnConvolution = c10::Symbol::fromQualString("prim::mkldnn_convolution");
 
-// A fused node reading `conv`'s inputs (x, weight, bias, stride, padding, dilation, groups), then
-// `more`, made before `place` and taking the place of its output.
-jit::Node* fused_node(jit::Graph& graph, c10::Symbol kind, jit::Node* conv, jit::Node* place,
-                      const std::vector<jit::Value*>& more) {
+// A call of `op` on `conv`'s inputs (x, weight, bias, stride, padding, dilation, groups), then
+// `more`, in the place of `last` (destroyed), the fused pattern's last node.
+jit::Node* fused_node(const char* op, jit::Node* conv, jit::Node* last, const std::vector<jit::Value*>& more) {
   std::vector<jit::Value*> inputs(conv->inputs().begin(), conv->inputs().begin() + 7);
   inputs.insert(inputs.end(), more.begin(), more.end());
-  jit::Node* node = graph.create(kind, inputs, 2)->insertBefore(place);
-  node->output(0)->setType(place->output()->type());
-  node->output(1)->setType(c10::FloatType::get());  // the values' bound
-  place->output()->replaceAllUsesWith(node->output(0));
-  return node;
+  return replace_by_bounded_call(last, op, inputs);
 }
 
 // conv -> activation as afterburner::conv2d_activation; nullptr where the pattern or the bounds are not there.
@@ -260,8 +256,7 @@ jit::Node* fuse_activation(jit::Graph& graph, jit::Node* conv, jit::Node* user) 
       c10::IValue(c10::make_intrusive<ConvActivation>(kind, lower, upper, bounds->first, bounds->second)));
   jit::Value* winograd = conv->kind() == kWinograd ? conv->input(7) : graph.insertConstant(c10::IValue());
   jit::Value* input_bound = graph.insertConstant(c10::IValue());  // connected by connect_bounds
-  jit::Node* node = fused_node(graph, kFusedActivation, conv, user, {holder, winograd, input_bound});
-  user->destroy();
+  jit::Node* node = fused_node("afterburner::conv2d_activation", conv, user, {holder, winograd, input_bound});
   conv->destroy();
   return node;
 }
@@ -293,9 +288,8 @@ jit::Node* fuse_residual_sum(jit::Graph& graph, jit::Node* conv, jit::Node* broa
   jit::Value* holder = graph.insertConstant(c10::IValue(c10::make_intrusive<ConvActivation>(
       Activation::clip, 0., std::numeric_limits<double>::infinity(), bounds->first, bounds->second)));
   jit::Value* no_bound = graph.insertConstant(c10::IValue());  // connected by connect_bounds
-  jit::Node* node =
-      fused_node(graph, kFusedSum, conv, relu, {holder, conv->input(7), broadcast->input(1), no_bound, no_bound});
-  relu->destroy();
+  jit::Node* node = fused_node("afterburner::conv2d_add_relu", conv, relu,
+                               {holder, conv->input(7), broadcast->input(1), no_bound, no_bound});
   add->destroy();
   broadcast->destroy();
   conv->destroy();

@@ -32,6 +32,22 @@ inline void replace_by_call(torch::jit::Node* node, const char* op, at::ArrayRef
   node->destroy();
 }
 
+// As replace_by_call, for an `op` that returns a float after the node's outputs (a bound of its
+// tensor output's values): returns the call, whose last output nothing reads yet.
+inline torch::jit::Node* replace_by_bounded_call(torch::jit::Node* node, const char* op,
+                                                 at::ArrayRef<torch::jit::Value*> inputs) {
+  torch::jit::Node* call =
+      node->owningGraph()->create(c10::Symbol::fromQualString(op), inputs, node->outputs().size() + 1);
+  call->insertBefore(node);
+  for (size_t i = 0; i < node->outputs().size(); ++i) {
+    call->output(i)->setType(node->output(i)->type());
+    node->output(i)->replaceAllUsesWith(call->output(i));
+  }
+  call->outputs().back()->setType(c10::FloatType::get());
+  node->destroy();
+  return call;
+}
+
 // How many nodes of `block`, and of the blocks inside its nodes, are of one of `kinds`.
 inline int count_nodes(const torch::jit::Block* block, const std::vector<std::string>& kinds) {
   int count = 0;

@@ -238,13 +238,7 @@ int batch_norm_relu_into_onednn(std::shared_ptr<torch::jit::Graph>& graph) {
       scale = graph->insertConstant(terms->first);
       shift = graph->insertConstant(terms->second);
     }
-    torch::jit::Node* call = graph->create(c10::Symbol::fromQualString("afterburner::scale_shift_relu_to_onednn"),
-                                           {x, scale, shift}, 2);
-    call->insertBefore(conversion);
-    call->output(0)->setType(conversion->output()->type());
-    call->output(1)->setType(c10::FloatType::get());  // the values' bound
-    conversion->output()->replaceAllUsesWith(call->output(0));
-    conversion->destroy();
+    replace_by_bounded_call(conversion, "afterburner::scale_shift_relu_to_onednn", {x, scale, shift});
     relu->destroy();
     norm->destroy();
     ++rewritten;
