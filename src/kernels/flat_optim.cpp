@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 #include <unordered_set>
 
 #if defined(__SSE__)
@@ -32,8 +33,6 @@ using torch::optim::SGDParamState;
 constexpr int64_t kGrainSize = 1 << 15;
 // Each parameter starts on a 64-byte line of the flat buffer, as it would on its own.
 constexpr int64_t kSlotAlignment = 16;
-// Elements of a gradient copied into the flat buffer at a time, just before they are used.
-constexpr int64_t kCopyBlock = 2048;
 
 // The build targets baseline x86-64 (SSE2); like LibTorch's own kernels, the update loops pick
 // an AVX2 version at load time where the CPU has it (no FMA, so both round alike).
@@ -50,31 +49,75 @@ struct SgdConstants {
   float dampening_complement;  // 1 - dampening
 };
 
+// A gradient value: float32 as is, or a bf16 copy's gradient (its bits), widened exactly (the bf16
+// bits are the float's upper half).
+[[gnu::always_inline]] inline float gradient(const float* g, int64_t i) { return g[i]; }
+[[gnu::always_inline]] inline float gradient(const uint16_t* g, int64_t i) {
+  const uint32_t word = uint32_t(g[i]) << 16;
+  float value;
+  std::memcpy(&value, &word, sizeof(value));
+  return value;
+}
+
+// float32 -> bfloat16 bits as LibTorch's tensor cast (Tensor::to, autocast's) writes them: rounded
+// to nearest even, every NaN as 0xFFFF (c10::BFloat16's scalar conversion writes 0x7FC0 instead).
+// On bits, so that the loops vectorize.
+[[gnu::always_inline]] inline uint16_t bf16_bits(float value) {
+  uint32_t word;
+  std::memcpy(&word, &value, sizeof(word));
+  const uint32_t rounded = (word + 0x7FFFu + ((word >> 16) & 1u)) >> 16;
+  return uint16_t((word & 0x7FFFFFFFu) > 0x7F800000u ? 0xFFFFu : rounded);
+}
+
+// Calls kernel(gradient, copy) with the chunk's gradient type and, for a copy, a pointer (else
+// nullptr_t), so that each combination compiles to a loop of its own. Inlined, with the kernel,
+// into the AVX2 clone that calls it.
+template <typename Kernel>
+[[gnu::always_inline]] inline void with_chunk_io(const FlatChunk& io, const Kernel& kernel) {
+  if (io.grad_bf16 != nullptr) {
+    io.copy != nullptr ? kernel(io.grad_bf16, io.copy) : kernel(io.grad_bf16, nullptr);
+  } else {
+    io.copy != nullptr ? kernel(io.grad, io.copy) : kernel(io.grad, nullptr);
+  }
+}
+
 // SGD as torch::optim::SGD: d = g + wd*p; with momentum, buf = d on the parameter's first
 // step, else buf = momentum*buf + (1 - dampening)*d, and d = nesterov ? d + momentum*buf : buf;
-// then p -= lr*d. The flags are template arguments so each loop is branch-free and vectorizes.
-template <bool kMomentum, bool kFirstStep, bool kNesterov>
-[[gnu::always_inline]] inline void sgd_kernel(float* __restrict p, const float* __restrict g, float* __restrict buf,
-                                              int64_t n, const SgdConstants& c) {
+// then p -= lr*d (and copy = bf16(p)). The flags and the gradient's and copy's types are template
+// arguments so each loop is branch-free and vectorizes.
+template <bool kMomentum, bool kFirstStep, bool kNesterov, typename Grad, typename Copy>
+[[gnu::always_inline]] inline void sgd_kernel(float* __restrict p, const Grad* __restrict g, float* __restrict buf,
+                                              Copy copy, int64_t n, const SgdConstants& c) {
   const float lr = c.lr, weight_decay = c.weight_decay, momentum = c.momentum, keep = c.dampening_complement;
+  uint16_t* __restrict out = nullptr;
+  if constexpr (!std::is_same_v<Copy, std::nullptr_t>) out = copy;
   for (int64_t i = 0; i < n; ++i) {
-    float d = g[i] + weight_decay * p[i];
+    float d = gradient(g, i) + weight_decay * p[i];
     if constexpr (kMomentum) {
       const float b = kFirstStep ? d : momentum * buf[i] + keep * d;
       buf[i] = b;
       d = kNesterov ? d + momentum * b : b;
     }
-    p[i] -= lr * d;
+    const float stepped = p[i] - lr * d;
+    p[i] = stepped;
+    if constexpr (!std::is_same_v<Copy, std::nullptr_t>) out[i] = bf16_bits(stepped);
   }
 }
 
-AFTERBURNER_AVX2_CLONES void sgd_update(float* p, const float* g, float* buf, int64_t n, const SgdConstants& c,
+AFTERBURNER_AVX2_CLONES void sgd_update(float* p, const FlatChunk& io, float* buf, int64_t n, const SgdConstants& c,
                                         bool first_step, bool nesterov) {
-  if (buf == nullptr) return sgd_kernel<false, false, false>(p, g, buf, n, c);
-  if (first_step) {
-    return nesterov ? sgd_kernel<true, true, true>(p, g, buf, n, c) : sgd_kernel<true, true, false>(p, g, buf, n, c);
-  }
-  return nesterov ? sgd_kernel<true, false, true>(p, g, buf, n, c) : sgd_kernel<true, false, false>(p, g, buf, n, c);
+  const auto kernel = [&](auto g, auto copy) __attribute__((always_inline)) {
+    using Grad = std::remove_const_t<std::remove_pointer_t<decltype(g)>>;
+    using Copy = decltype(copy);
+    if (buf == nullptr) return sgd_kernel<false, false, false, Grad, Copy>(p, g, buf, copy, n, c);
+    if (first_step) {
+      return nesterov ? sgd_kernel<true, true, true, Grad, Copy>(p, g, buf, copy, n, c)
+                      : sgd_kernel<true, true, false, Grad, Copy>(p, g, buf, copy, n, c);
+    }
+    return nesterov ? sgd_kernel<true, false, true, Grad, Copy>(p, g, buf, copy, n, c)
+                    : sgd_kernel<true, false, false, Grad, Copy>(p, g, buf, copy, n, c);
+  };
+  with_chunk_io(io, kernel);
 }
 
 struct AdamWConstants {
@@ -103,10 +146,12 @@ void sqrt_lanes(const float* __restrict in, float* __restrict out, int64_t n) {
 }
 
 // AdamW as torch::optim::AdamW at a parameter's step t: p *= 1 - lr*wd; m = b1*m + (1-b1)*g;
-// v = b2*v + (1-b2)*g*g; p -= lr/(1 - b1^t) * m / (sqrt(v)/sqrt(1 - b2^t) + eps). Blocks of
-// kBlock elements stay in L1 between the moment update, the square roots and the step.
-AFTERBURNER_AVX2_CLONES void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n,
-                                          const AdamWConstants& c, const BiasCorrection& bc) {
+// v = b2*v + (1-b2)*g*g; p -= lr/(1 - b1^t) * m / (sqrt(v)/sqrt(1 - b2^t) + eps) (and copy =
+// bf16(p)). Blocks of kBlock elements stay in L1 between the moment update, the square roots and
+// the step.
+template <typename Grad, typename Copy>
+[[gnu::always_inline]] inline void adamw_kernel(float* p, const Grad* g, float* m, float* v, Copy copy, int64_t n,
+                                                const AdamWConstants& c, const BiasCorrection& bc) {
   constexpr int64_t kBlock = 256;
   const float decay = c.decay, beta1 = c.beta1, keep1 = c.one_minus_beta1, beta2 = c.beta2, keep2 = c.one_minus_beta2,
               eps = c.eps, step_size = bc.step_size, inv_sqrt_bc2 = bc.inv_sqrt_bc2;
@@ -114,16 +159,30 @@ AFTERBURNER_AVX2_CLONES void adamw_kernel(float* p, const float* g, float* m, fl
   for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t len = std::min(kBlock, n - start);
     float* __restrict pb = p + start;
-    const float* __restrict gb = g + start;
+    const Grad* __restrict gb = g + start;
     float* __restrict mb = m + start;
     float* __restrict vb = v + start;
     for (int64_t i = 0; i < len; ++i) {
-      mb[i] = beta1 * mb[i] + keep1 * gb[i];
-      vb[i] = beta2 * vb[i] + keep2 * gb[i] * gb[i];
+      const float grad = gradient(gb, i);
+      mb[i] = beta1 * mb[i] + keep1 * grad;
+      vb[i] = beta2 * vb[i] + keep2 * grad * grad;
     }
     sqrt_lanes(vb, root, len);
     for (int64_t i = 0; i < len; ++i) pb[i] = pb[i] * decay - step_size * mb[i] / (root[i] * inv_sqrt_bc2 + eps);
+    if constexpr (!std::is_same_v<Copy, std::nullptr_t>) {
+      uint16_t* __restrict out = copy + start;
+      for (int64_t i = 0; i < len; ++i) out[i] = bf16_bits(pb[i]);
+    }
   }
+}
+
+AFTERBURNER_AVX2_CLONES void adamw_update(float* p, const FlatChunk& io, float* m, float* v, int64_t n,
+                                          const AdamWConstants& c, const BiasCorrection& bc) {
+  const auto kernel = [&](auto g, auto copy) __attribute__((always_inline)) {
+    return adamw_kernel<std::remove_const_t<std::remove_pointer_t<decltype(g)>>, decltype(copy)>(p, g, m, v, copy, n,
+                                                                                                  c, bc);
+  };
+  with_chunk_io(io, kernel);
 }
 
 // Calls visit(k, from, to) for each part [from, to) of tensor k (numels[k] elements) covered by
@@ -279,6 +338,7 @@ void FlatOptimizer::flatten_group(size_t group) {
   }
   flat.params = torch::zeros({total}, torch::dtype(torch::kFloat));
   flat.state_buffers.resize(state_fields_.size());
+  flat.copy_of.resize(params.size());
   groups_.push_back(std::move(flat));
   rehome_moved_params(group);
 }
@@ -319,6 +379,19 @@ FlatOptimizer::Gradients FlatOptimizer::gather_gradients(size_t group) {
   for (size_t i = 0; i < params.size(); ++i) {
     torch::Tensor& grad = params[i].mutable_grad();
     const Slot& slot = groups_[group].slots[i];
+    const torch::Tensor& copy = groups_[group].copy_of[i].tensor;
+    if (copy.defined() && copy.grad().defined() && slot.numel > 0) {
+      // The copy's gradient stands for the parameter's; read in the slot's memory order.
+      const torch::Tensor& copy_grad = copy.grad();
+      const bool in_order = copy_grad.scalar_type() == torch::kBFloat16 && copy_grad.strides() == slot.strides;
+      gradients.params.push_back(i);
+      gradients.outside.push_back(
+          in_order ? copy_grad : torch::empty_strided(slot.sizes, slot.strides, torch::kBFloat16).copy_(copy_grad));
+      continue;
+    }
+    if (copy.defined() && !grad.defined() && groups_[group].copy_of[i].had_gradient) {
+      grad = slice(groups_[group].grads, slot).zero_();
+    }
     if (!grad.defined() || slot.numel == 0) continue;
     if (grad.is_sparse() || grad.sizes() != slot.sizes) {
       throw UsageError(name_ + " " + param_field(group, i) + ".grad()",
@@ -353,35 +426,111 @@ void FlatOptimizer::zero_grad() {
       if (grad.defined() && groups_[g].slots[i].numel > 0 && !grad_in_place(g, i)) {
         grad = slice(grad_buffer(g), groups_[g].slots[i]);
       }
+      if (groups_[g].copy_of[i].tensor.defined()) groups_[g].copy_of[i].tensor.mutable_grad().reset();
     }
-    if (groups_[g].grads.defined()) groups_[g].grads.zero_();
+    if (!groups_[g].grads.defined()) continue;
+    if (!groups_[g].copies.defined()) {
+      groups_[g].grads.zero_();
+      continue;
+    }
+    // Parameters with a copy get their gradients on the copy: their slots are not worth a pass.
+    // The others' slots are zeroed in runs of neighbours, one memset each.
+    float* grads = groups_[g].grads.data_ptr<float>();
+    const std::vector<Slot>& slots = groups_[g].slots;
+    for (size_t i = 0; i < params.size();) {
+      const auto zeroed = [&](size_t k) { return !groups_[g].copy_of[k].tensor.defined() || params[k].grad().defined(); };
+      if (!zeroed(i)) {
+        ++i;
+        continue;
+      }
+      size_t end = i + 1;
+      while (end < params.size() && zeroed(end)) ++end;
+      const int64_t last = slots[end - 1].offset + slots[end - 1].numel;
+      std::memset(grads + slots[i].offset, 0, size_t(last - slots[i].offset) * sizeof(float));
+      i = end;
+    }
   }
 }
 
-void FlatOptimizer::step_group(size_t group, const Gradients& gradients,
-                               const std::function<void(size_t, int64_t, int64_t)>& update) {
-  const FlatGroup& flat = groups_[group];
+void FlatOptimizer::step_group(size_t group, const Gradients& gradients, const Update& update) {
+  FlatGroup& flat = groups_[group];
   const std::vector<size_t>& params = gradients.params;
   std::vector<int64_t> numels;
   std::vector<const float*> outside;
+  std::vector<const uint16_t*> outside_bf16;
+  std::vector<uint16_t*> copies;
   for (size_t k = 0; k < params.size(); ++k) {
     numels.push_back(flat.slots[params[k]].numel);
-    outside.push_back(gradients.outside[k].defined() ? gradients.outside[k].data_ptr<float>() : nullptr);
+    const torch::Tensor& grad = gradients.outside[k];
+    const bool bf16 = grad.defined() && grad.scalar_type() == torch::kBFloat16;
+    outside.push_back(grad.defined() && !bf16 ? grad.data_ptr<float>() : nullptr);
+    outside_bf16.push_back(bf16 ? reinterpret_cast<const uint16_t*>(grad.data_ptr<c10::BFloat16>()) : nullptr);
+    copies.push_back(flat.copy_of[params[k]].tensor.defined()
+                         ? reinterpret_cast<uint16_t*>(flat.copies.data_ptr<c10::BFloat16>()) + flat.slots[params[k]].offset
+                         : nullptr);
   }
   float* grads = flat.grads.data_ptr<float>();
   for_each_chunk(numels, [&](size_t k, int64_t from, int64_t to) {
-    const Slot& slot = flat.slots[params[k]];
-    if (outside[k] == nullptr) return update(params[k], slot.offset + from, to - from);
-    // Copying block by block keeps the gradient in L1 for the update that reads it next.
-    for (int64_t block = from; block < to; block += kCopyBlock) {
-      const int64_t n = std::min(kCopyBlock, to - block);
-      std::memcpy(grads + slot.offset + block, outside[k] + block, size_t(n) * sizeof(float));
-      update(params[k], slot.offset + block, n);
+    const int64_t offset = flat.slots[params[k]].offset + from, n = to - from;
+    FlatChunk io;
+    io.copy = copies[k] != nullptr ? copies[k] + from : nullptr;
+    if (outside_bf16[k] != nullptr) {
+      io.grad_bf16 = outside_bf16[k] + from;  // read as it is: the parameter's gradient is not written
+    } else {
+      // A chunk (at most kGrainSize values) copied in stays in cache for the update that reads it.
+      if (outside[k] != nullptr) std::memcpy(grads + offset, outside[k] + from, size_t(n) * sizeof(float));
+      io.grad = grads + offset;
     }
+    update(params[k], offset, n, io);
   });
+  auto& group_params = param_groups_[group].params();
   for (size_t k = 0; k < params.size(); ++k) {
-    if (outside[k] != nullptr) {
-      param_groups_[group].params()[params[k]].mutable_grad() = slice(flat.grads, flat.slots[params[k]]);
+    if (outside[k] != nullptr) group_params[params[k]].mutable_grad() = slice(flat.grads, flat.slots[params[k]]);
+    Bf16Copy& copy = flat.copy_of[params[k]];
+    if (!copy.tensor.defined()) continue;
+    copy.had_gradient = copy.had_gradient || gradients.outside[k].defined();
+    copy.tensor.mutable_grad().reset();
+    copy.written_from = group_params[params[k]].data_ptr();
+    copy.version = group_params[params[k]]._version();
+  }
+}
+
+torch::Tensor FlatOptimizer::bf16_copy(const torch::Tensor& param) {
+  torch::NoGradGuard no_grad;
+  flatten_new_groups();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].is_same(param)) continue;
+      FlatGroup& flat = groups_[g];
+      Bf16Copy& copy = flat.copy_of[i];
+      if (copy.tensor.defined()) return copy.tensor;
+      if (!flat.copies.defined()) flat.copies = torch::empty({flat.params.numel()}, torch::kBFloat16);
+      copy.tensor = slice(flat.copies, flat.slots[i]);
+      copy.tensor.set_requires_grad(true);
+      write_copy(g, i);
+      return copy.tensor;
+    }
+  }
+  throw UsageError(name_ + " bf16_copy", "the tensor is not one of this optimizer's parameters");
+}
+
+void FlatOptimizer::write_copy(size_t group, size_t param) {
+  const torch::Tensor& source = param_groups_[group].params()[param];
+  Bf16Copy& copy = groups_[group].copy_of[param];
+  copy.tensor.detach().copy_(source);  // LibTorch's own cast: autocast's bits
+  copy.written_from = source.data_ptr();
+  copy.version = source._version();
+}
+
+void FlatOptimizer::refresh_bf16_copies() {
+  torch::NoGradGuard no_grad;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    for (size_t i = 0; i < groups_[g].copy_of.size(); ++i) {
+      const Bf16Copy& copy = groups_[g].copy_of[i];
+      if (!copy.tensor.defined()) continue;
+      if (copy.written_from != params[i].data_ptr() || copy.version != params[i]._version()) write_copy(g, i);
     }
   }
 }
@@ -399,7 +548,6 @@ torch::Tensor FlatOptimizer::flat_params(size_t group) const { return flat_group
 torch::Tensor FlatOptimizer::flat_grads(size_t group) const { return flat_group(group).grads; }
 
 float* FlatOptimizer::params_data(size_t group) { return groups_[group].params.data_ptr<float>(); }
-const float* FlatOptimizer::grads_data(size_t group) const { return groups_[group].grads.data_ptr<float>(); }
 float* FlatOptimizer::state_data(size_t group, size_t field) { return state_buffer(group, field).data_ptr<float>(); }
 
 torch::Tensor& FlatOptimizer::state_buffer(size_t group, size_t field) {
@@ -487,12 +635,10 @@ torch::Tensor FlatSGD::step(LossClosure closure) {
     }
     const SgdConstants constants = sgd_constants(options);
     float* params = params_data(g);
-    const float* grads = grads_data(g);
     float* buffers = momentum ? state_data(g, 0) : nullptr;
     const bool nesterov = options.nesterov();
-    step_group(g, stepped, [&](size_t i, int64_t offset, int64_t n) {
-      sgd_update(params + offset, grads + offset, buffers ? buffers + offset : nullptr, n, constants,
-                 first_step[i] != 0, nesterov);
+    step_group(g, stepped, [&](size_t i, int64_t offset, int64_t n, const FlatChunk& io) {
+      sgd_update(params + offset, io, buffers ? buffers + offset : nullptr, n, constants, first_step[i] != 0, nesterov);
     });
   }
   return loss;
@@ -550,12 +696,10 @@ torch::Tensor FlatAdamW::step(LossClosure closure) {
     }
     const AdamWConstants constants = adamw_constants(options);
     float* params = params_data(g);
-    const float* grads = grads_data(g);
     float* exp_avg = state_data(g, 0);
     float* exp_avg_sq = state_data(g, 1);
-    step_group(g, stepped, [&](size_t i, int64_t offset, int64_t n) {
-      adamw_kernel(params + offset, grads + offset, exp_avg + offset, exp_avg_sq + offset, n, constants,
-                   corrections[i]);
+    step_group(g, stepped, [&](size_t i, int64_t offset, int64_t n, const FlatChunk& io) {
+      adamw_update(params + offset, io, exp_avg + offset, exp_avg_sq + offset, n, constants, corrections[i]);
     });
   }
   return loss;
@@ -666,8 +810,9 @@ void sgd_step(at::TensorList params, at::TensorList grads, at::TensorList moment
   const SgdConstants constants = sgd_constants(options);
   for_each_chunk(operands.numels, [&](size_t k, int64_t from, int64_t to) {
     float* buffer = momentum ? operands.state[0][k] + from : nullptr;
-    sgd_update(operands.params[k] + from, operands.grads[k] + from, buffer, to - from, constants,
-               momentum && fresh[k], options.nesterov());
+    FlatChunk io;
+    io.grad = operands.grads[k] + from;
+    sgd_update(operands.params[k] + from, io, buffer, to - from, constants, momentum && fresh[k], options.nesterov());
   });
   bump_versions(params);
   bump_versions(momentum_buffers);
@@ -689,7 +834,9 @@ void adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_
   }
   const AdamWConstants constants = adamw_constants(options);
   for_each_chunk(operands.numels, [&](size_t k, int64_t from, int64_t to) {
-    adamw_kernel(operands.params[k] + from, operands.grads[k] + from, operands.state[0][k] + from,
+    FlatChunk io;
+    io.grad = operands.grads[k] + from;
+    adamw_update(operands.params[k] + from, io, operands.state[0][k] + from,
                  operands.state[1][k] + from, to - from, constants, corrections[k]);
   });
   bump_versions(params);

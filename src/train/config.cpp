@@ -167,6 +167,10 @@ std::vector<ConfigField> make_fields() {
            &TrainConfig::channels_last),
       flag("keep_freed_memory", "keep freed memory in the process for the next step instead of returning it to the OS",
            &TrainConfig::keep_freed_memory),
+      flag("bf16_weights",
+           "in bf16 training of a model file, keep its convolution and linear weights in bf16 for the forward, their "
+           "fp32 masters stepped by the fused optimizer (the same bits as autocast's casts, without them)",
+           &TrainConfig::bf16_weights),
       flag("sketch", "replace Linear and Conv2d layers by sketched ones (SKLinear, SKConv2d) where the sketch costs less",
            &TrainConfig::sketch),
       integer("sketch_terms", "sketched terms per layer (L)", &TrainConfig::sketch_terms, 1),

@@ -66,6 +66,12 @@ torch::Tensor Model::forward(const torch::Tensor& input) const {
   return output.toTensor();
 }
 
+std::shared_ptr<torch::jit::Graph> Model::forward_graph() const {
+  if (!script_) return nullptr;
+  return script_forward_ ? torch::jit::toGraphFunction(*script_forward_).graph()
+                         : script_->get_method("forward").graph();
+}
+
 std::vector<torch::Tensor> Model::parameters() const {
   std::vector<torch::Tensor> out;
   for (auto& [name, parameter] : named_parameters()) out.push_back(std::move(parameter));

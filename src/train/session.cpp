@@ -333,8 +333,13 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
                                             .eval_every(evaluation_interval(config, batches_per_epoch))
                                             .max_steps(config.max_steps)
                                             .skip_nonfinite(config.skip_nonfinite)
+                                            .bf16_weights(config.bf16_weights)
                                             .device(p.device)
                                             .replicas(replicas));
+  if (const Bf16Weights* weights = p.trainer->bf16_weights()) {
+    fmt::print(stderr, "afterburner: {} weights of {} read from bf16 copies in training (fp32 masters stepped)\n",
+               weights->size(), config.model);
+  }
   auto progress = parse_progress_mode(config.progress);
   if (progress != ProgressMode::none && rank == 0) p.trainer->add_callback(std::make_shared<ProgressBar>(progress));
   if (!config.log_jsonl.empty() && rank == 0) p.trainer->add_callback(std::make_shared<JsonlLog>(config.log_jsonl));

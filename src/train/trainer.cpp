@@ -40,6 +40,16 @@ Trainer::Trainer(Model model, std::unique_ptr<torch::optim::Optimizer> optimizer
     // fp16 gradients underflow without loss scaling.
     scaler_ = GradScaler(options_.scaler().enabled(true));
   }
+  auto* flat = dynamic_cast<kernels::FlatOptimizer*>(optimizer_.get());
+  // The copies give autocast's bits where each gradient is one backward's and only the step reads it.
+  const bool one_backward_per_step = options_.accumulate() == 1 && !options_.replicas();
+  const bool gradients_read_by_step_only =
+      options_.clip_grad_norm() == 0 && options_.clip_grad_value() == 0 && !scaler_.enabled();
+  if (options_.bf16_weights() && options_.precision() == Precision::bf16 && flat != nullptr &&
+      options_.device().is_cpu() && one_backward_per_step && gradients_read_by_step_only) {
+    bf16_weights_ = std::make_unique<Bf16Weights>(model_, *flat);
+    if (bf16_weights_->size() == 0) bf16_weights_.reset();
+  }
 }
 
 void Trainer::add_callback(CallbackPtr callback) { callbacks_.push_back(std::move(callback)); }
@@ -75,6 +85,8 @@ double Trainer::forward_backward(const data::Batch& batch, bool last_of_step) {
   if (replicas) replicas->before_forward(synchronised);
   torch::Tensor loss;
   {
+    std::optional<Bf16Weights::InForward> reading_bf16_copies;
+    if (bf16_weights_) reading_bf16_copies.emplace(*bf16_weights_);
     AutocastGuard autocast(options_.precision(), options_.device());
     auto logits = model_.forward(batch.input);
     loss = options_.loss()(logits, batch.target);

@@ -25,12 +25,17 @@
 // their slice (Module::load set_()s them to the loaded tensors) are copied back at the next
 // step or load(). Groups added with add_param_group are flattened at the next step.
 //
+// bf16 copies. bf16_copy(p) gives a bfloat16 leaf for a forward under bf16 autocast to read in p's
+// place (train::Bf16Weights swaps them into a TorchScript model): its gradient arrives in bf16 and
+// is read as it is, and the step rewrites the copy from the stepped p in the same pass, so neither
+// autocast's cast of the weight nor its backward's cast of the gradient runs. Same bits.
+//
 // Semantics follow torch::optim::SGD / AdamW: a parameter whose gradient is undefined is skipped
 // and gets no state; AdamW counts steps per parameter. save()/load() write and read torch's own
 // archive format (checkpoints move between FlatSGD and torch::optim::SGD in both directions).
 //
 // Refused with UsageError: parameters that are not float32 CPU tensors (for bf16 training keep
-// fp32 master weights and use autocast), a tensor listed twice, sparse gradients, AdamW's
+// fp32 master weights and use autocast, with bf16 copies where they apply), a tensor listed twice, sparse gradients, AdamW's
 // amsgrad, and the option values torch rejects.
 #pragma once
 
@@ -46,6 +51,14 @@
 
 namespace afterburner::kernels {
 
+// Where one chunk of a flat optimizer's update reads its gradient and writes its parameter's bf16
+// copy (FlatOptimizer::step_group).
+struct FlatChunk {
+  const float* grad = nullptr;          // a float32 gradient, or
+  const uint16_t* grad_bf16 = nullptr;  // a bf16 copy's gradient (bfloat16 bits)
+  uint16_t* copy = nullptr;             // the bf16 copy to rewrite from the stepped values, or nullptr
+};
+
 // The flat layout shared by FlatSGD and FlatAdamW.
 class FlatOptimizer : public torch::optim::Optimizer {
  public:
@@ -58,6 +71,18 @@ class FlatOptimizer : public torch::optim::Optimizer {
   torch::Tensor flat_params(size_t group) const;
   // Group `group`'s gradients, likewise; undefined until a step or zero_grad() saw one.
   torch::Tensor flat_grads(size_t group) const;
+
+  // A bfloat16 copy of `param`, one of this optimizer's parameters, for a forward under bf16
+  // autocast to read in its place (IPEX's bf16 training weights): a leaf requiring grad, with the
+  // parameter's shape and strides, holding the parameter rounded to nearest even (autocast's cast).
+  // A step takes the copy's gradient, when it has one, as the parameter's (which then holds it in
+  // float32), steps the parameter as before and rewrites the copy in the same pass; zero_grad()
+  // drops the copy's gradient. Steps without a gradient on the copy step the parameter as its own
+  // gradient says (zero once the copy had one). The same tensor on every call for one parameter.
+  torch::Tensor bf16_copy(const torch::Tensor& param);
+  // Rewrites the copies whose parameters changed since their copy was written other than by a
+  // step (loaded or assigned in place): call before a forward reads them.
+  void refresh_bf16_copies();
 
  protected:
   // `name` prefixes error messages; `state_fields` names the per-parameter state tensors
@@ -75,19 +100,20 @@ class FlatOptimizer : public torch::optim::Optimizer {
   struct Gradients {
     std::vector<size_t> params;
     // Per entry of `params`: the gradient if it is a tensor of its own (backward made a new one
-    // after Module::zero_grad(true)), undefined if it already is a slice of the flat buffer.
+    // after Module::zero_grad(true), or it is a bf16 copy's, in bfloat16), undefined if it
+    // already is a slice of the flat buffer.
     std::vector<torch::Tensor> outside;
   };
   // Brings parameters that left their slice back and lists the group's gradients.
   Gradients gather_gradients(size_t group);
-  // Calls update(param index, flat offset, count) over all elements of the gradients' params,
-  // in chunks run in parallel on LibTorch's intra-op threads. Gradients outside the flat buffer
-  // are copied in just before update() reads them, and then become slices of it.
-  void step_group(size_t group, const Gradients& gradients,
-                  const std::function<void(size_t, int64_t, int64_t)>& update);
+  // Calls update(param index, flat offset, count, chunk) over all elements of the gradients'
+  // params, in chunks run in parallel on LibTorch's intra-op threads. Float32 gradients outside
+  // the flat buffer are copied in just before update() reads them, and then become slices of it;
+  // a bf16 copy's gradient is read where it is, and the chunk names the copy to rewrite.
+  using Update = std::function<void(size_t, int64_t, int64_t, const FlatChunk&)>;
+  void step_group(size_t group, const Gradients& gradients, const Update& update);
 
   float* params_data(size_t group);
-  const float* grads_data(size_t group) const;
   float* state_data(size_t group, size_t field);
   // A parameter's slice of a state buffer, shaped and strided like the parameter.
   torch::Tensor state_slice(size_t group, size_t param, size_t field);
@@ -110,11 +136,22 @@ class FlatOptimizer : public torch::optim::Optimizer {
     std::vector<int64_t> strides;
     std::string state_key;
   };
+  // A parameter's bf16 copy and what it was last written from.
+  struct Bf16Copy {
+    torch::Tensor tensor;  // undefined: the parameter has no copy
+    const void* written_from = nullptr;
+    int64_t version = 0;  // the parameter's version counter then
+    // A step took the copy's gradient: later steps without one step on a zero gradient, as the
+    // parameter's own gradient, once defined, stays defined (zeroed) in the flat buffer.
+    bool had_gradient = false;
+  };
   struct FlatGroup {
     std::vector<Slot> slots;  // one per parameter, in param_groups_[g].params() order
     torch::Tensor params;
     torch::Tensor grads;                       // allocated when a gradient first shows up
     std::vector<torch::Tensor> state_buffers;  // one per state field, allocated on first use
+    torch::Tensor copies;                      // bfloat16, at the slots' offsets; allocated by the first copy
+    std::vector<Bf16Copy> copy_of;             // one per slot
   };
 
   // A tensor on `flat`'s storage at the slot, with the slot's sizes and strides.
@@ -126,6 +163,7 @@ class FlatOptimizer : public torch::optim::Optimizer {
   void rehome_moved_params(size_t group);
   bool grad_in_place(size_t group, size_t param) const;
   torch::Tensor& grad_buffer(size_t group);  // allocated on first use
+  void write_copy(size_t group, size_t param);
   torch::Tensor& state_buffer(size_t group, size_t field);
   const FlatGroup& flat_group(size_t group) const;
 

@@ -47,6 +47,7 @@ struct TrainConfig {
   // Python's best practice: BENCHMARKS.md).
   bool channels_last = true;
   bool keep_freed_memory = true;   // core/heap.h
+  bool bf16_weights = true;        // bf16 copies of a model file's conv/linear weights (train/bf16_weights.h)
   bool sketch = false;             // replace Linear/Conv2d layers by sketched ones (sketch/sequential.h)
   int64_t sketch_terms = 1;        // L
   int64_t sketch_rank = 0;         // k; 0 = the largest within sketch_budget

@@ -60,6 +60,9 @@ class Model {
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
   // The TorchScript module, or nullptr.
   const std::shared_ptr<torch::jit::Module>& script() const { return script_; }
+  // The graph forward() runs on script(): the fused copy's when one was given; nullptr for a
+  // module holder.
+  std::shared_ptr<torch::jit::Graph> forward_graph() const;
 
  private:
   std::shared_ptr<torch::nn::Module> module_;

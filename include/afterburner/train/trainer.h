@@ -24,6 +24,7 @@
 #include "afterburner/data/device.h"
 #include "afterburner/data/loader.h"
 #include "afterburner/profile/step_timer.h"
+#include "afterburner/train/bf16_weights.h"
 #include "afterburner/train/callbacks.h"
 #include "afterburner/train/checkpoint.h"
 #include "afterburner/train/model.h"
@@ -53,6 +54,11 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, max_steps) = 0;
   TORCH_ARG(bool, skip_nonfinite) = false;
   TORCH_ARG(GradScalerOptions, scaler) = GradScalerOptions().enabled(false);
+  // bf16 training of a TorchScript model with a flat optimizer: the weights its forward only hands
+  // to convolutions and linear layers are read from bf16 copies (bf16_weights.h). Off by itself
+  // where gradients are summed over micro-batches or read before the step (accumulate, clipping,
+  // loss scaling, replicas).
+  TORCH_ARG(bool, bf16_weights) = true;
   // Where the model lives; batches are staged there (pinned, asynchronous copies on CUDA).
   TORCH_ARG(torch::Device, device) = torch::kCPU;
   // Data-parallel training: the loaders hold this rank's shards; gradients, losses, stop
@@ -102,6 +108,8 @@ class Trainer {
   const TrainState& state() const { return state_; }
   Model& model() { return model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  // The weights the training forward reads in bf16, or nullptr.
+  const Bf16Weights* bf16_weights() const { return bf16_weights_.get(); }
   const TrainerOptions& options() const { return options_; }
 
  private:
@@ -133,6 +141,7 @@ class Trainer {
 
   Model model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<Bf16Weights> bf16_weights_;
   LrSchedule schedule_;
   data::Loader& train_;
   data::Loader& test_;
