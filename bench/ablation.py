@@ -5,9 +5,14 @@ machine. Prints a Markdown table per precision: median training samples/s with m
 the median of the round-by-round ratios to the default, and peak resident memory.
 
     /usr/bin/python3 bench/ablation.py [--build build] [--reps 3] [--precisions fp32,bf16]
-        [--model cnn] [--epochs 1]
+        [--model cnn] [--epochs 1] [--only FLAG,...] [--extra-flags "--max-steps 105 --no-augment"]
 
-The jemalloc row needs Debian's libjemalloc2 and is skipped without it.
+--model takes zoo names, TorchScript files, or architectures of tests/python/image_models.py
+(written to a temporary file as bench/architectures_train.py writes them), comma-separated: one
+table each. --only keeps the default and the variants whose flags include one of those given;
+--extra-flags go to every variant (without --no-augment among them, every run augments, as the
+figures of BENCHMARKS.md's ablation were measured). The jemalloc row needs Debian's libjemalloc2
+and is skipped without it.
 """
 
 import argparse
@@ -18,7 +23,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from architectures_train import save_model
 from train_vs_pytorch import run_json
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
+import image_models  # noqa: E402  (found through the path above)
 
 JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
 
@@ -31,6 +40,7 @@ VARIANTS = [
     ("1 loader worker (`--workers 1`)", ["--workers", "1"], {}),
     ("2 loader workers (`--workers 2`)", ["--workers", "2"], {}),
     ("NCHW (`--no-channels-last`)", ["--no-channels-last"], {}),
+    ("weights cast by autocast at every step (`--no-bf16-weights`)", ["--no-bf16-weights"], {}),
     ("1 intra-op thread (`--threads 1`)", ["--threads", "1"], {}),
     ("OpenMP threads sleep when idle (`OMP_WAIT_POLICY=passive`)", [], {"OMP_WAIT_POLICY": "passive"}),
     ("OpenMP threads pinned to cores (`OMP_PROC_BIND=close`)", [], {"OMP_PROC_BIND": "close"}),
@@ -38,11 +48,42 @@ VARIANTS = [
 ]
 
 
-def train(args, precision, flags, env, report):
-    command = [str(Path(args.build) / "afterburner"), "train", "--model", args.model, "--precision", precision,
-               "--epochs", str(args.epochs), "--progress", "none", "--report", report,
-               "--augment"] + flags  # as BENCHMARKS.md's figures were measured: the loader's full work
+def train(args, model, precision, flags, env, report):
+    extra = shlex.split(args.extra_flags)
+    augment = [] if "--no-augment" in extra else ["--augment"]  # the loader's full work, as measured before
+    command = [str(Path(args.build) / "afterburner"), "train", "--model", model, "--precision", precision,
+               "--epochs", str(args.epochs), "--progress", "none", "--report", report] + augment + extra + flags
     return run_json(command, report, env={**os.environ, **env})
+
+
+def chosen_variants(args):
+    variants = [v for v in VARIANTS if JEMALLOC.exists() or "LD_PRELOAD" not in v[2]]
+    if not args.only:
+        return variants
+    wanted = args.only.split(",")
+    return variants[:1] + [v for v in variants[1:] if any(flag in v[1] for flag in wanted)]
+
+
+def ablate(args, label, model, variants, tmp):
+    report = str(Path(tmp) / "report.json")
+    for precision in args.precisions.split(","):
+        speed = {name: [] for name, _, _ in variants}
+        ratio = {name: [] for name, _, _ in variants}
+        rss = {name: [] for name, _, _ in variants}
+        for _ in range(args.reps):
+            for name, flags, env in variants:
+                result = train(args, model, precision, flags, env, report)
+                speed[name].append(result["train_samples_per_sec"])
+                ratio[name].append(speed[name][-1] / speed[variants[0][0]][-1])
+                rss[name].append(result["peak_rss_mb"])
+        print(f"\n{label} {precision}, {args.reps} rounds ({shlex.join(sys.argv[1:])})\n")
+        print("| configuration | samples/s, median (min-max) | vs default, median (min-max) | peak RSS MB |")
+        print("| --- | --- | --- | --- |")
+        for name, _, _ in variants:
+            s, r = speed[name], ratio[name]
+            print(f"| {name} | {statistics.median(s):,.0f} ({min(s):,.0f}-{max(s):,.0f}) "
+                  f"| {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}) | {statistics.median(rss[name]):.0f} |")
+        sys.stdout.flush()
 
 
 def main():
@@ -52,29 +93,18 @@ def main():
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--only", default="", help="comma-separated flags: the default and the variants with them")
+    parser.add_argument("--extra-flags", default="", help="flags for every variant")
     args = parser.parse_args()
-    variants = [v for v in VARIANTS if JEMALLOC.exists() or "LD_PRELOAD" not in v[2]]
+    variants = chosen_variants(args)
 
     with tempfile.TemporaryDirectory() as tmp:
-        report = str(Path(tmp) / "report.json")
-        for precision in args.precisions.split(","):
-            speed = {label: [] for label, _, _ in variants}
-            ratio = {label: [] for label, _, _ in variants}
-            rss = {label: [] for label, _, _ in variants}
-            for _ in range(args.reps):
-                for label, flags, env in variants:
-                    result = train(args, precision, flags, env, report)
-                    speed[label].append(result["train_samples_per_sec"])
-                    ratio[label].append(speed[label][-1] / speed[variants[0][0]][-1])
-                    rss[label].append(result["peak_rss_mb"])
-            print(f"\n{args.model} {precision}, {args.reps} rounds ({shlex.join(sys.argv[1:])})\n")
-            print("| configuration | samples/s, median (min-max) | vs default | peak RSS MB |")
-            print("| --- | --- | --- | --- |")
-            for label, _, _ in variants:
-                s = speed[label]
-                print(f"| {label} | {statistics.median(s):,.0f} ({min(s):,.0f}-{max(s):,.0f}) "
-                      f"| {statistics.median(ratio[label]):.2f}x | {statistics.median(rss[label]):.0f} |")
-            sys.stdout.flush()
+        for model in args.model.split(","):
+            path = model
+            if model in image_models.MODELS:
+                path = str(Path(tmp) / f"{model}.pt")
+                save_model(model, path)
+            ablate(args, model, path, variants, tmp)
 
 
 if __name__ == "__main__":

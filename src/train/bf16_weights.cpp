@@ -86,53 +86,59 @@ bool under(const std::string& path, const std::vector<std::string>& modules) {
   return false;
 }
 
+// A parameter the forward reads, with every slot it reads it from and every read.
+struct Candidate {
+  torch::Tensor parameter;
+  std::vector<std::pair<c10::intrusive_ptr<c10::ivalue::Object>, size_t>> slots;  // (owner, slot index)
+  std::vector<jit::Use> uses;
+  std::string name;  // the first of its paths
+};
+
+// The parameters `reads` reads outside escaped modules, in the order of their paths. A weight tied
+// between layers is one candidate with several slots.
+std::vector<Candidate> read_parameters(const torch::jit::Module& script, const AttributeReads& reads) {
+  std::vector<Candidate> candidates;
+  std::unordered_map<const c10::TensorImpl*, size_t> index_of;
+  for (const auto& [names, uses] : reads.tensors) {
+    const std::string path = dotted(names);
+    if (under(path, reads.escaped)) continue;
+    c10::intrusive_ptr<c10::ivalue::Object> owner = script._ivalue();
+    for (size_t i = 0; i + 1 < names.size(); ++i) owner = owner->getAttr(names[i]).toObject();
+    const auto slot = owner->type()->findAttributeSlot(names.back());
+    if (!slot || !owner->type()->is_parameter(*slot) || !owner->getSlot(*slot).isTensor()) continue;
+    const torch::Tensor parameter = owner->getSlot(*slot).toTensor();
+    const auto [entry, added] = index_of.emplace(parameter.unsafeGetTensorImpl(), candidates.size());
+    if (added) candidates.push_back({parameter, {}, {}, path});
+    Candidate& candidate = candidates[entry->second];
+    candidate.slots.emplace_back(owner, *slot);
+    candidate.uses.insert(candidate.uses.end(), uses.begin(), uses.end());
+  }
+  return candidates;
+}
+
 }  // namespace
 
 Bf16Weights::Bf16Weights(Model& model, kernels::FlatOptimizer& optimizer) : optimizer_(optimizer) {
   const std::shared_ptr<jit::Graph> graph = model.forward_graph();
   if (!graph) return;
   const AttributeReads reads = attribute_reads(*graph);
-  // A weight's reads over all its paths (a weight tied between layers has several).
-  struct Candidate {
-    std::vector<jit::Use> uses;
-    std::vector<Slot> slots;
-    std::string name;
-  };
-  std::unordered_map<const c10::TensorImpl*, Candidate> candidates;
-  std::vector<const c10::TensorImpl*> order;
-  for (const auto& [names, uses] : reads.tensors) {
-    const std::string path = dotted(names);
-    if (under(path, reads.escaped)) continue;
-    c10::intrusive_ptr<c10::ivalue::Object> owner = model.script()->_ivalue();
-    for (size_t i = 0; i + 1 < names.size(); ++i) owner = owner->getAttr(names[i]).toObject();
-    const auto index = owner->type()->findAttributeSlot(names.back());
-    if (!index || !owner->type()->is_parameter(*index) || !owner->getSlot(*index).isTensor()) continue;
-    const torch::Tensor parameter = owner->getSlot(*index).toTensor();
-    Candidate& candidate = candidates[parameter.unsafeGetTensorImpl()];
-    if (candidate.slots.empty()) order.push_back(parameter.unsafeGetTensorImpl());
-    candidate.uses.insert(candidate.uses.end(), uses.begin(), uses.end());
-    candidate.slots.push_back({owner, *index, parameter, {}});
-    if (candidate.name.empty() || path < candidate.name) candidate.name = path;
-  }
-  // Escaped modules may read a tied weight through another path: leave such weights alone too.
+  // An escaped module may read a weight tied to one outside it: such weights stay as they are.
   std::unordered_set<const c10::TensorImpl*> escaped;
-  for (const auto& [name, parameter] : model.named_parameters()) {
-    if (under(name, reads.escaped)) escaped.insert(parameter.unsafeGetTensorImpl());
+  for (const auto& parameter : model.script()->named_parameters()) {
+    if (under(parameter.name, reads.escaped)) escaped.insert(parameter.value.unsafeGetTensorImpl());
   }
-  for (const c10::TensorImpl* impl : order) {
-    Candidate& candidate = candidates[impl];
-    const torch::Tensor& parameter = candidate.slots.front().parameter;
+  for (const Candidate& candidate : read_parameters(*model.script(), reads)) {
+    const torch::Tensor& parameter = candidate.parameter;
     const jit::Use& use = candidate.uses.front();
-    if (candidate.uses.size() != 1 || !cast_to_bf16(use) || inside_loop(use.user) || escaped.count(impl) != 0 ||
-        !parameter.requires_grad() || parameter.scalar_type() != torch::kFloat) {
+    if (candidate.uses.size() != 1 || !cast_to_bf16(use) || inside_loop(use.user) ||
+        escaped.count(parameter.unsafeGetTensorImpl()) != 0 || !parameter.requires_grad() ||
+        parameter.scalar_type() != torch::kFloat) {
       continue;
     }
     const torch::Tensor copy = optimizer_.bf16_copy(parameter);
-    for (Slot& slot : candidate.slots) {
-      slot.copy = copy;
-      slots_.push_back(slot);
-    }
+    for (const auto& [owner, index] : candidate.slots) slots_.push_back({owner, index, parameter, copy});
     names_.push_back(candidate.name);
+    copies_.push_back(copy);
   }
 }
 

@@ -166,10 +166,15 @@ TEST(Bf16Weights, TheModuleHoldsItsParametersOutsideTheForward) {
   kernels::FlatSGD optimizer(model.parameters(), torch::optim::SGDOptions(0.1));
   Bf16Weights weights(model, optimizer);
   ASSERT_EQ(weights.size(), kCopied.size());
+  ASSERT_EQ(weights.copies().size(), kCopied.size());
+  const auto head = std::find(weights.names().begin(), weights.names().end(), "head.weight");
+  ASSERT_NE(head, weights.names().end());
+  const torch::Tensor& head_copy = weights.copies()[size_t(head - weights.names().begin())];
   const torch::Tensor before = model.script()->attr("head").toModule().attr("weight").toTensor();
   {
     auto reading = weights.in_forward();
     const torch::Tensor inside = model.script()->attr("head").toModule().attr("weight").toTensor();
+    EXPECT_TRUE(inside.is_same(head_copy));
     EXPECT_EQ(inside.scalar_type(), torch::kBFloat16);
     EXPECT_THROW(model.forward(torch::randn({2, 3, 8, 8})), std::exception);  // 3 channels: refused
   }

@@ -58,8 +58,10 @@ class Bf16Weights {
   };
   InForward in_forward() { return InForward(*this); }
 
-  // Weights read from a copy, by their dotted names.
+  // Weights read from a copy, by their dotted names, and their copies (whose gradients a backward
+  // fills), in the same order.
   const std::vector<std::string>& names() const { return names_; }
+  const std::vector<torch::Tensor>& copies() const { return copies_; }
   size_t size() const { return names_.size(); }
 
  private:
@@ -73,6 +75,7 @@ class Bf16Weights {
   kernels::FlatOptimizer& optimizer_;
   std::vector<Slot> slots_;
   std::vector<std::string> names_;
+  std::vector<torch::Tensor> copies_;
 };
 
 }  // namespace afterburner::train

@@ -55,9 +55,10 @@ struct TrainerOptions {
   TORCH_ARG(bool, skip_nonfinite) = false;
   TORCH_ARG(GradScalerOptions, scaler) = GradScalerOptions().enabled(false);
   // bf16 training of a TorchScript model with a flat optimizer: the weights its forward only hands
-  // to convolutions and linear layers are read from bf16 copies (bf16_weights.h). Off by itself
-  // where gradients are summed over micro-batches or read before the step (accumulate, clipping,
-  // loss scaling, replicas).
+  // to convolutions and linear layers are read from bf16 copies (bf16_weights.h), and their
+  // gradients, between forward_backward() and optimizer_step(), are the copies' (bf16_weights()).
+  // Off by itself where gradients are summed over micro-batches or read before the step
+  // (accumulate, clipping, loss scaling, replicas).
   TORCH_ARG(bool, bf16_weights) = true;
   // Where the model lives; batches are staged there (pinned, asynchronous copies on CUDA).
   TORCH_ARG(torch::Device, device) = torch::kCPU;
