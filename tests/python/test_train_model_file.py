@@ -111,13 +111,14 @@ def test_resume_continues_a_python_model_exactly(tmp_path, build, precision):
 
 
 # bf16 training reads the weights of convolutions and linear layers from bf16 copies: the same bits
-# as autocast's casts, on a scripted and a traced model.
-@pytest.mark.parametrize("trace", [False, True])
-def test_bf16_weights_train_to_the_bits_of_autocast(tmp_path, trace):
+# as autocast's casts, on a scripted and a traced model, and at batch size 1.
+@pytest.mark.parametrize("trace,batch_size", [(False, 128), (True, 128), (False, 1)])
+def test_bf16_weights_train_to_the_bits_of_autocast(tmp_path, trace, batch_size):
     source = saved(UserCnn() if not trace else UserCnn().eval(), tmp_path / "model.pt", trace)
     runs = {}
     for flag in ("--bf16-weights", "--no-bf16-weights"):
-        run = train("--model", source, "--max-steps", 40, flag, "--export", tmp_path / f"{flag}.pt", precision="bf16")
+        run = train("--model", source, "--max-steps", 40, "--batch-size", batch_size, flag, "--export",
+                    tmp_path / f"{flag}.pt", precision="bf16")
         runs[flag] = torch.jit.load(str(tmp_path / f"{flag}.pt")).state_dict()
         # conv1's weight, conv2's and fc's weights and biases; not BatchNorm's. A trace loaded from its
         # file holds aten::_convolution, which is not on autocast's CPU list: its convolutions keep theirs.
