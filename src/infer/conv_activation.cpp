@@ -219,6 +219,7 @@ std::optional<std::pair<double, double>> sum_bounds(const jit::Node* conv) {
 
 TORCH_LIBRARY_FRAGMENT(afterburner, m) {  // the library is src/kernels/ops.cpp
   m.class_<ConvActivation>("ConvActivation");
+  register_winograd_weights_class();
   m.def("conv2d_activation(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
         "int groups, __torch__.torch.classes.afterburner.ConvActivation activation, "
         "__torch__.torch.classes.afterburner.WinogradWeights? winograd, float? input_bound) -> (Tensor, float)",

@@ -123,7 +123,7 @@ at::Tensor convolve_on_onednn(const at::Tensor& x, const at::Tensor& weight, con
 }
 
 TORCH_LIBRARY_FRAGMENT(afterburner, m) {  // the library is src/kernels/ops.cpp
-  m.class_<WinogradWeights>("WinogradWeights");
+  register_winograd_weights_class();
   m.def("conv2d_winograd(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
         "int groups, __torch__.torch.classes.afterburner.WinogradWeights winograd) -> Tensor",
         conv2d_winograd);

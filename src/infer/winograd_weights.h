@@ -49,6 +49,15 @@ class WinogradWeights : public torch::CustomClassHolder {
   std::vector<ideep::tensor> transformed_;
 };
 
+// Registers WinogradWeights as the TorchScript class afterburner.WinogradWeights, once, whoever
+// calls first: every TORCH_LIBRARY_FRAGMENT whose ops take the class calls it before their defs,
+// since those fragments lie in different files and static initialisers across files run in an
+// order the linker picks (one order made every binary but the tool fail at start: the ops' schemas
+// named a class not yet registered).
+inline void register_winograd_weights_class() {
+  static const torch::class_<WinogradWeights> registered("afterburner", "WinogradWeights");
+}
+
 // y = conv2d(x, weights, bias) of stride 1 and `padding`, then `attr`'s post-ops, by oneDNN's
 // Winograd kernels; nullopt where x is not a 4-D fp32 oneDNN tensor of the weights' channels,
 // where Winograd does not pay for these images (winograd_pays) or where oneDNN has no Winograd

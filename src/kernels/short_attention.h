@@ -4,10 +4,11 @@
 // arithmetic. Here one task takes a (batch, head) matrix (and, forward, a block of 64 query rows),
 // holds its k and v rows in fp32, and computes 16 query rows at a time, one per vector lane: for
 // each key, the 16 scores, then the softmax across keys lane by lane (no reduction across lanes),
-// and the outputs 8 columns at a time in registers. The numerics are the tiled kernel's (fp32
-// accumulation, the mask added, NaN and infinities where the unfused ops put them), and every
-// task's order of sums is fixed, so the result does not depend on the thread count. Internal to
-// src/kernels.
+// and the outputs 8 columns at a time in registers; or, at heads up to 8 wide, up to 20 rows and
+// 32 matrices or more, 16 matrices at a time, one per lane (short_attention.cpp, "Matrices across
+// lanes"). The numerics are the tiled kernel's (fp32 accumulation, the mask added, NaN and
+// infinities where the unfused ops put them), and every task's order of sums is fixed, so the
+// result does not depend on the thread count. Internal to src/kernels.
 #pragma once
 
 #include <torch/autograd.h>

@@ -16,6 +16,7 @@
 #include <limits>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "afterburner/core/error.h"
@@ -114,13 +115,16 @@ void expect_matches_reference(const Problem& p, torch::Dtype dtype, Tolerance to
 // Shapes across the block edges: one row, lengths 7, 129 and 300, Lq != Lk both ways, batch 1,
 // head dimensions 8, 64 and 80 (the tiled kernel: more than 128 keys, or double); and for the
 // short-key kernel (fp32 and bf16, up to 128 keys) 17 rows (a 16-row chunk and an 8-row one), 25
-// (16 + 9), 70 (two tasks), 128 keys, head dimension 12 (not a multiple of its 8 columns).
+// (16 + 9), 70 (two tasks), 128 keys, head dimension 12 (not a multiple of its 8 columns); and
+// its matrices across lanes (heads up to 8 wide, up to 20 rows, at least 32 matrices): 36 matrices
+// (two groups of 16 and a last of 4), 17 rows, head dimension 5 (padded to 8), Lq != Lk.
 const std::vector<Problem> kShapes{
     {1, 1, 1, 1, 8, MaskKind::none, false},      {2, 3, 7, 7, 8, MaskKind::none, false},
     {1, 2, 129, 300, 64, MaskKind::none, false}, {2, 1, 300, 129, 80, MaskKind::none, false},
     {1, 1, 7, 1, 64, MaskKind::none, false},     {1, 2, 1, 129, 80, MaskKind::none, false},
     {3, 4, 17, 17, 8, MaskKind::none, false},    {2, 2, 25, 128, 12, MaskKind::none, false},
-    {1, 3, 70, 49, 64, MaskKind::none, false},
+    {1, 3, 70, 49, 64, MaskKind::none, false},   {9, 4, 17, 17, 8, MaskKind::none, false},
+    {11, 3, 20, 6, 5, MaskKind::none, false},
 };
 
 std::vector<Problem> every_mask_and_causality() {
@@ -188,17 +192,19 @@ TEST(Attention, ScaleDefaultsToOneOverTheSquareRootOfTheHeadDimension) {
 TEST(Attention, RowsThatSeeNoKeyAreNaNAsInTheUnfusedOps) {
   for (const torch::Dtype dtype : {torch::kFloat, torch::kDouble}) {
     for (const bool causal : {false, true}) {
-      for (const int64_t keys : {140, 20}) {  // the tiled kernel's and the short-key one's
+      // the tiled kernel's, the short-key one's, its matrices across lanes
+      for (const auto& [keys, rows, heads] :
+           {std::tuple<int64_t, int64_t, int64_t>{140, 70, 2}, {20, 70, 2}, {20, 17, 16}}) {
         SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << (causal ? ", causal" : "") << ", " << keys
-                                          << " keys");
-        const Problem p{2, 2, 70, keys, 8, MaskKind::boolean, causal};
+                                          << " keys, " << rows << " rows");
+        const Problem p{2, heads, rows, keys, 8, MaskKind::boolean, causal};
         Drawn d = draw(p, dtype);
-        d.mask = torch::ones({2, 1, 70, keys}, torch::kBool);
-        (*d.mask)[1][0][3].fill_(false);   // batch 1: row 3 sees nothing
-        (*d.mask)[0][0][66].fill_(false);  // batch 0: row 66, in the second query block
+        d.mask = torch::ones({2, 1, rows, keys}, torch::kBool);
+        (*d.mask)[1][0][3].fill_(false);         // batch 1: row 3 sees nothing
+        (*d.mask)[0][0][rows - 4].fill_(false);  // batch 0: (with 70 rows) in the second query block
         const torch::Tensor ours = attention(d.q, d.k, d.v, d.mask, causal);
         const torch::Tensor expected = reference(d.q, d.k, d.v, d.mask, causal, 1.0 / std::sqrt(8.0));
-        EXPECT_TRUE(ours[1][0][3].isnan().all().item<bool>());
+        EXPECT_TRUE(ours[1][heads - 1][3].isnan().all().item<bool>());
         EXPECT_TRUE(ours[1][0][4].isfinite().all().item<bool>());
         EXPECT_TRUE(Close(ours, expected, {1e-5, 1e-5}));
         const torch::Tensor upstream = torch::randn(expected.sizes(), torch::kDouble);
@@ -227,9 +233,10 @@ TEST(Attention, AnAdditiveMinusInfinityRowIsNaNToo) {
 // computes the hidden blocks it otherwise leaves out; an infinity in v likewise (0 * inf).
 TEST(Attention, CausalHiddenBlocksPropagateNonFiniteValuesAsTheUnfusedOps) {
   for (const int which : {1, 2}) {
-    for (const int64_t length : {200, 40}) {  // the tiled kernel's blocks, the short-key kernel's rows
+    // the tiled kernel's blocks, the short-key kernel's rows, its matrices across lanes
+    for (const int64_t length : {200, 40, 18}) {
       SCOPED_TRACE(::testing::Message() << (which == 1 ? "NaN in k" : "inf in v") << ", length " << length);
-      const Problem p{1, 1, length, length, 8, MaskKind::none, true};
+      const Problem p{1, length == 18 ? 33 : 1, length, length, 8, MaskKind::none, true};
       Drawn d = draw(p, torch::kFloat);
       {
         torch::NoGradGuard no_grad;
@@ -294,10 +301,10 @@ TEST(Attention, FollowsAutocast) {
 // MultiheadAttention's transpose back is a view, and the gradients in their inputs' layouts.
 TEST(Attention, ReadsMultiheadAttentionsTransposedViewsInPlace) {
   for (const torch::Dtype dtype : {torch::kFloat, torch::kBFloat16}) {
-    for (const int64_t length : {17, 150}) {
+    for (const int64_t length : {17, 150, 19}) {  // 19: 36 matrices, across lanes
       SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << ", length " << length);
       torch::manual_seed(11);
-      const int64_t batch = 3, heads = 4, dim = 8;
+      const int64_t batch = length == 19 ? 9 : 3, heads = 4, dim = 8;
       const auto projection = [&] {
         const torch::Tensor rows = torch::randn({batch, length, heads * dim}).to(dtype);
         return rows.reshape({batch, length, heads, dim}).transpose(1, 2);
@@ -326,34 +333,43 @@ TEST(Attention, ReadsMultiheadAttentionsTransposedViewsInPlace) {
 // vectors at once), and dv alike (dq and dk take dO . O from the output as stored, rounded, as the
 // tiled kernel does); NaN where it is NaN (LibTorch's own conversions differ in the NaN they write).
 TEST(Attention, ShortKeysRoundTheirBFloat16ResultsAsLibTorchRounds) {
-  Drawn d = draw({3, 2, 25, 40, 12, MaskKind::additive, true}, torch::kBFloat16);
-  d.q.data()[0][0][0][0] = NAN;  // a NaN row: its rounding too
-  const auto as_float = [](const torch::Tensor& t) { return t.detach().to(torch::kFloat).requires_grad_(); };
-  const torch::Tensor q = as_float(d.q), k = as_float(d.k), v = as_float(d.v);
-  const torch::Tensor ours = attention(d.q, d.k, d.v, d.mask, true);
-  const torch::Tensor in_float = attention(q, k, v, d.mask->to(torch::kFloat), true);
-  EXPECT_TRUE(AgreesWithNonFinite(ours, in_float.to(torch::kBFloat16), 0, 0));
-  const torch::Tensor upstream = torch::randn(ours.sizes()).to(torch::kBFloat16);
-  const auto grads = torch::autograd::grad({ours}, {d.q, d.k, d.v}, {upstream});
-  const auto float_grads = torch::autograd::grad({in_float}, {q, k, v}, {upstream.to(torch::kFloat)});
-  EXPECT_TRUE(AgreesWithNonFinite(grads[2], float_grads[2].to(torch::kBFloat16), 0, 0));
+  // rows in lanes; matrices across lanes
+  for (const Problem& p :
+       {Problem{3, 2, 25, 40, 12, MaskKind::additive, true}, Problem{9, 4, 17, 20, 8, MaskKind::additive, true}}) {
+    SCOPED_TRACE(::testing::Message() << p.batch * p.heads << " matrices of " << p.q_len << " rows");
+    Drawn d = draw(p, torch::kBFloat16);
+    d.q.data()[0][0][0][0] = NAN;  // a NaN row: its rounding too
+    const auto as_float = [](const torch::Tensor& t) { return t.detach().to(torch::kFloat).requires_grad_(); };
+    const torch::Tensor q = as_float(d.q), k = as_float(d.k), v = as_float(d.v);
+    const torch::Tensor ours = attention(d.q, d.k, d.v, d.mask, true);
+    const torch::Tensor in_float = attention(q, k, v, d.mask->to(torch::kFloat), true);
+    EXPECT_TRUE(AgreesWithNonFinite(ours, in_float.to(torch::kBFloat16), 0, 0));
+    const torch::Tensor upstream = torch::randn(ours.sizes()).to(torch::kBFloat16);
+    const auto grads = torch::autograd::grad({ours}, {d.q, d.k, d.v}, {upstream});
+    const auto float_grads = torch::autograd::grad({in_float}, {q, k, v}, {upstream.to(torch::kFloat)});
+    EXPECT_TRUE(AgreesWithNonFinite(grads[2], float_grads[2].to(torch::kBFloat16), 0, 0));
+  }
 }
 
-// Each task computes whole rows (and the backward whole matrices) in a fixed order: the result
-// does not depend on the number of threads, bit for bit.
+// Each task computes whole rows (and the backward whole matrices, or groups of them) in a fixed
+// order: the result does not depend on the number of threads, bit for bit.
 TEST(Attention, ShortKeysGiveTheSameBitsOnOneAndTwoThreads) {
-  const Drawn d = draw({5, 3, 70, 33, 16, MaskKind::boolean, true}, torch::kFloat);
-  const auto run = [&](int threads) {
+  for (const Problem& p :
+       {Problem{5, 3, 70, 33, 16, MaskKind::boolean, true}, Problem{12, 3, 17, 17, 8, MaskKind::boolean, true}}) {
+    SCOPED_TRACE(::testing::Message() << p.batch * p.heads << " matrices of " << p.q_len << " rows");
+    const Drawn d = draw(p, torch::kFloat);
+    const auto run = [&](int threads) {
+      at::set_num_threads(threads);
+      const torch::Tensor out = attention(d.q, d.k, d.v, d.mask, true);
+      auto grads = torch::autograd::grad({out}, {d.q, d.k, d.v}, {torch::ones_like(out)});
+      grads.push_back(out);
+      return grads;
+    };
+    const int threads = at::get_num_threads();
+    const auto one = run(1), two = run(2);
     at::set_num_threads(threads);
-    const torch::Tensor out = attention(d.q, d.k, d.v, d.mask, true);
-    auto grads = torch::autograd::grad({out}, {d.q, d.k, d.v}, {torch::ones_like(out)});
-    grads.push_back(out);
-    return grads;
-  };
-  const int threads = at::get_num_threads();
-  const auto one = run(1), two = run(2);
-  at::set_num_threads(threads);
-  for (int i = 0; i < 4; ++i) EXPECT_TRUE(afterburner::testing::BitwiseEqual(one[i], two[i])) << i;
+    for (int i = 0; i < 4; ++i) EXPECT_TRUE(afterburner::testing::BitwiseEqual(one[i], two[i])) << i;
+  }
 }
 
 // Dropout factors (MultiheadAttention's noise: 0 or 1 / (1 - p)) multiply the probabilities
@@ -362,14 +378,17 @@ TEST(Attention, ShortKeysGiveTheSameBitsOnOneAndTwoThreads) {
 // over the batch, with a mask and causal.
 TEST(Attention, DropoutFactorsScaleTheProbabilitiesAsMultiheadAttentionsDropout) {
   for (const torch::Dtype dtype : {torch::kFloat, torch::kBFloat16, torch::kDouble}) {
-    for (const int64_t keys : {17, 150}) {
+    // rows in lanes, the tiled kernel, matrices across lanes
+    for (const Problem& p :
+         {Problem{2, 3, 21, 17, 8, MaskKind::boolean, true}, Problem{2, 3, 21, 150, 8, MaskKind::boolean, true},
+          Problem{12, 3, 19, 17, 8, MaskKind::boolean, true}}) {
       for (const bool per_head : {true, false}) {
-        SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << ", " << keys << " keys"
-                                          << (per_head ? ", per head" : ", broadcast"));
-        const Problem p{2, 3, 21, keys, 8, MaskKind::boolean, true};
+        SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << ", " << p.batch * p.heads << " x " << p.q_len
+                                          << " x " << p.k_len << (per_head ? ", per head" : ", broadcast"));
         Drawn d = draw(p, dtype);
         d.mask->select(-1, 0).fill_(true);  // every row sees a key: no NaN
-        const auto shape = per_head ? std::vector<int64_t>{2, 3, 21, keys} : std::vector<int64_t>{21, keys};
+        const auto shape = per_head ? std::vector<int64_t>{p.batch, p.heads, p.q_len, p.k_len}
+                                    : std::vector<int64_t>{p.q_len, p.k_len};
         const torch::Tensor factors = (torch::rand(shape) > 0.1).to(torch::kFloat) / 0.9;
         const torch::Tensor ours = attention(d.q, d.k, d.v, d.mask, true, c10::nullopt, factors);
         const torch::Tensor expected = reference(d.q, d.k, d.v, d.mask, true, 1.0 / std::sqrt(8.0), factors);

@@ -404,14 +404,15 @@ torch::Tensor unfused_attention(torch::Tensor q, torch::Tensor k, torch::Tensor 
 
 // Shapes {B, H, Lq, Lk, D, mask (0 none, 1 bool, 2 float), causal, dropout factors (0 or 1)},
 // across both kernels' blocks (the tiled one's 64 query, 128 key rows; the short-key one's up to
-// 128 keys). A bool mask keeps where a drawn value exceeds -1.5 (about 93%); a drawn NaN makes
-// that element false. Dropout factors are 0 where a drawn value is below -1.3 (about 10%), else
-// 1 / 0.9, as dropout's noise (a drawn NaN is NaN).
+// 128 keys, and its matrices across lanes: 36 of 17 rows). A bool mask keeps where a drawn value
+// exceeds -1.5 (about 93%); a drawn NaN makes that element false. Dropout factors are 0 where a
+// drawn value is below -1.3 (about 10%), else 1 / 0.9, as dropout's noise (a drawn NaN is NaN).
 OpCase attention_case() {
   OpCase c{"attention",
            {P::fp32, P::bf16, P::autocast_bf16, P::fp64},
            {{1, 1, 1, 1, 8, 0, 0, 0}, {2, 3, 7, 5, 8, 1, 0, 0}, {1, 2, 5, 9, 16, 2, 1, 0}, {2, 1, 129, 65, 8, 0, 1, 0},
-            {1, 1, 67, 131, 8, 1, 1, 0}, {2, 2, 17, 17, 8, 1, 0, 1}, {1, 2, 9, 140, 8, 0, 1, 1}},
+            {1, 1, 67, 131, 8, 1, 1, 0}, {2, 2, 17, 17, 8, 1, 0, 1}, {1, 2, 9, 140, 8, 0, 1, 1},
+            {9, 4, 17, 17, 8, 1, 1, 1}},
            kMatrixLayouts,
            [](Inputs& in, const Shape& s, Layout l) {
              const auto q = in.random({s[0], s[1], s[2], s[4]}, l), k = in.random({s[0], s[1], s[3], s[4]}, l),
