@@ -52,8 +52,8 @@ class WinogradWeights : public torch::CustomClassHolder {
 // Registers WinogradWeights as the TorchScript class afterburner.WinogradWeights, once, whoever
 // calls first: every TORCH_LIBRARY_FRAGMENT whose ops take the class calls it before their defs,
 // since those fragments lie in different files and static initialisers across files run in an
-// order the linker picks (one order made every binary but the tool fail at start: the ops' schemas
-// named a class not yet registered).
+// order the linker picks (one order made bench_attention abort at start: an op's schema named a
+// class not yet registered).
 inline void register_winograd_weights_class() {
   static const torch::class_<WinogradWeights> registered("afterburner", "WinogradWeights");
 }

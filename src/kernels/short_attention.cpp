@@ -346,14 +346,14 @@ torch::Tensor empty_in_order_of(const torch::Tensor& like, at::IntArrayRef sizes
 // ---- Matrices across lanes ----
 //
 // The chunks above hold 16 or 8 query rows: 17 to 20 rows (a vision transformer's 16 patches and
-// its class token) leave a quarter or more of the lanes empty, and fewer rows more. With heads up
+// its class token) take 24 lanes, up to 7 of them empty, and 9 to 12 rows take 16. With heads up
 // to 8 wide and many (batch, head) matrices, lane i instead holds matrix b0 + i of a group of 16
 // (the layout of MKL's "compact" batched GEMM): no lane is empty but in a last group, every
 // product is a whole vector, and no sum crosses lanes. Each group's operands are held
 // interleaved, [rows, 8, 16 lanes] in fp32, the padding zero. The ViT of the training suite (17
-// rows, 4 heads of 8) trains 1.19x faster with it (BENCHMARKS.md, "Matrices across lanes"); from
-// 24 rows on, where the chunks fill their lanes and the group's operands outgrow L1, it measured
-// 0.85-1.02x the chunks' speed at D 8, and at D 16 0.96x.
+// rows, 4 heads of 8) trains its epoch 1.13x faster with it (BENCHMARKS.md, "Matrices across
+// lanes"); from 24 rows on, where the chunks fill their lanes and the group's operands outgrow
+// L1, it measured 0.85-1.05x the chunks' speed at D 8, and at D 16 0.96x.
 
 constexpr int64_t kGroup = simd::kLanes;
 constexpr int kGroupDim = 8;  // head and value dimensions up to 8, padded to it
