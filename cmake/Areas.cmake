@@ -1,9 +1,11 @@
 # afterburner_deps carries everything an area compiles and links against.
 add_library(afterburner_deps INTERFACE)
 target_include_directories(afterburner_deps INTERFACE
-  $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> ${DNNL_INCLUDE_DIR} ${IDEEP_INCLUDE_DIR} ${LIBZIP_INCLUDE_DIR})
+  $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> ${DNNL_INCLUDE_DIR} ${IDEEP_INCLUDE_DIR} ${LIBZIP_INCLUDE_DIR}
+  ${JPEG_INCLUDE_DIR} ${TURBOJPEG_INCLUDE_DIR} ${SPNG_INCLUDE_DIR})
 target_link_libraries(afterburner_deps INTERFACE
-  ${TORCH_LIBRARIES} ${DNNL_LIBRARY} OpenMP::OpenMP_CXX Threads::Threads ZLIB::ZLIB ${LIBZIP_LIBRARY} ${CMAKE_DL_LIBS}
+  ${TORCH_LIBRARIES} ${DNNL_LIBRARY} OpenMP::OpenMP_CXX Threads::Threads ZLIB::ZLIB ${LIBZIP_LIBRARY} ${JPEG_LIBRARY} ${TURBOJPEG_LIBRARY}
+  ${SPNG_LIBRARY} ${CMAKE_DL_LIBS}
   nlohmann_json::nlohmann_json fmt::fmt tomlplusplus::tomlplusplus simdjson::simdjson Boost::headers)
 # -Wno-psabi: the kernels pass GCC vectors by value only between always-inlined helpers compiled
 # per instruction set (kernels/simd.h), where the ABI note about such arguments never applies.

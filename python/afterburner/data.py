@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import numpy
 import torch
 
-__all__ = ["Loader", "load_mnist", "read_idx", "read_csv"]
+__all__ = ["Loader", "ImageFolder", "load_mnist", "load_images", "decode_image", "read_idx", "read_npy", "read_csv"]
 
 
 def _tensor(array, name):
@@ -69,6 +69,42 @@ class Loader:
             yield batch[0], batch[1]
 
 
+class ImageFolder(Loader):
+    """Batches of (images float32 [N, 3, size, size], labels int64 [N]) from a folder of class
+    folders of JPEG/PNG files (torchvision's ImageFolder layout, classes in `classes`), decoded
+    and augmented each epoch by C++ worker threads, the GIL released:
+
+        train = ImageFolder("pets/train", size=224, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+        val = ImageFolder("pets/val", train=False, classes=train.classes, mean=..., std=...)
+
+    train=True is torchvision's RandomResizedCrop(size) + RandomHorizontalFlip(flip) + ToTensor +
+    Normalize(mean, std), train=False its Resize(size * 256 // 224) + CenterCrop(size) (as the
+    centre box resampled once); JPEGs decode at a reduced DCT scale where the crop allows
+    (reduced_decode=False decodes them whole). Shuffled, and the last partial batch dropped, in
+    training only unless said otherwise. The batches depend on (seed, epoch) alone."""
+
+    def __init__(self, root: str, size: int = 224, train: bool = True, batch_size: int = 64,
+                 classes: Optional[Sequence[str]] = None, mean: Optional[Sequence[float]] = None,
+                 std: Optional[Sequence[float]] = None, flip: float = 0.5, workers: int = 2, prefetch: int = 4,
+                 seed: int = 0, shuffle: Optional[bool] = None, drop_last: Optional[bool] = None,
+                 channels_last: bool = False, reduced_decode: bool = True):
+        if (mean is None) != (std is None):
+            raise ValueError("ImageFolder: give mean and std together")
+        known = None if classes is None else list(classes)
+        self.samples, self.targets, self.classes = torch.ops.afterburner.list_image_folder(str(root), known)
+        self._loader = torch.ops.afterburner.image_folder_loader(
+            str(root), known, size, train, batch_size, train if shuffle is None else shuffle,
+            train if drop_last is None else drop_last, workers, prefetch, seed, channels_last,
+            [float(m) for m in mean or []], [float(s) for s in std or []], float(flip) if train else 0.0,
+            reduced_decode)
+        self.epoch = 0
+
+
+def resample_box(image: torch.Tensor, x: int, y: int, width: int, height: int, size: int) -> torch.Tensor:
+    """The box of a uint8 [C, H, W] image resampled to size x size as ImageFolder does it (float, 0-255)."""
+    return torch.ops.afterburner.resample_box(image, x, y, width, height, size)
+
+
 def read_idx(path: str) -> torch.Tensor:
     """An IDX file (raw or .gz) as a tensor of its own element type and shape."""
     return torch.ops.afterburner.read_idx(str(path))
@@ -78,6 +114,28 @@ def load_mnist(directory: str, split: str = "train"):
     """(images uint8 [N, 1, 28, 28], labels int64 [N]) of an MNIST-layout directory; split
     'train' or 'test' (the t10k files)."""
     return torch.ops.afterburner.load_mnist(str(directory), split)
+
+
+def load_images(path: str, format: str = "auto", split: str = "train", image_size: int = 0, classes=None):
+    """(images uint8 [N, C, S, S], labels int64 [N], class names) of any dataset `afterburner train
+    --data` reads: a folder of MNIST-layout IDX files, of class folders of JPEG/PNG images
+    (torchvision's ImageFolder layout; with train/ and val/ inside, those are the splits), of
+    CIFAR-10/100 binary batches, or of x_train.npy and its kin, or an .npz archive. `format` is
+    'auto' (told by what `path` holds), 'idx', 'folder', 'cifar' or 'npy'; `split` 'train' or 'test'.
+    Image folders' images are resized (shorter side, antialiased) and centre-cropped to
+    `image_size` when it is not 0, and labelled by `classes` (a training folder's) when given."""
+    return torch.ops.afterburner.load_images(str(path), format, split, image_size,
+                                            None if classes is None else list(classes))
+
+
+def decode_image(path: str) -> torch.Tensor:
+    """A JPEG or PNG file as uint8 [C, H, W]: one channel for grayscale, else RGB (alpha dropped)."""
+    return torch.ops.afterburner.decode_image_file(str(path))
+
+
+def read_npy(path: str) -> torch.Tensor:
+    """A NumPy .npy file as a tensor of its dtype and shape."""
+    return torch.ops.afterburner.read_npy(str(path))
 
 
 def read_csv(path: str, label_column: int = -1, label_name: Optional[str] = None, header: bool = True,

@@ -26,11 +26,15 @@ std::string open_error(int code) {
 }  // namespace
 
 void check_archive(const std::string& path) {
+  read_archive(path, [](const std::string&, const char*, size_t) {});
+}
+
+void read_archive(const std::string& path, const RecordChunk& chunk) {
   int code = 0;
   // ZIP_CHECKCONS: also the central directory against each record's local header.
   std::unique_ptr<zip_t, ArchiveCloser> archive(zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &code));
   if (!archive) {
-    throw ArchiveError(path, "not a readable zip archive (" + open_error(code) + "): truncated or not a PyTorch file");
+    throw ArchiveError(path, "not a readable zip archive (" + open_error(code) + "): truncated or of another format");
   }
   std::vector<char> buffer(1 << 16);
   const zip_int64_t records = zip_get_num_entries(archive.get(), 0);
@@ -41,7 +45,10 @@ void check_archive(const std::string& path) {
     if (!file) throw ArchiveError(path, "record " + record + " cannot be read (" + zip_strerror(archive.get()) + ")");
     zip_int64_t read = 0;
     zip_uint64_t total = 0;
-    while ((read = zip_fread(file.get(), buffer.data(), buffer.size())) > 0) total += static_cast<zip_uint64_t>(read);
+    while ((read = zip_fread(file.get(), buffer.data(), buffer.size())) > 0) {
+      chunk(record, buffer.data(), static_cast<size_t>(read));
+      total += static_cast<zip_uint64_t>(read);
+    }
     if (read < 0) {
       zip_error_t* error = zip_file_get_error(file.get());
       if (zip_error_code_zip(error) == ZIP_ER_CRC) throw ArchiveError(path, "record " + record + " fails its CRC-32 check");

@@ -20,6 +20,12 @@ void check_indices(const torch::Tensor& indices, int64_t size) {
   }
 }
 
+std::vector<std::string> numbered_classes(int64_t count) {
+  std::vector<std::string> names;
+  for (int64_t i = 0; i < count; ++i) names.push_back(std::to_string(i));
+  return names;
+}
+
 void check_labels(const torch::Tensor& labels, int64_t classes, const std::string& source) {
   auto values = labels.to(torch::kLong).contiguous();
   const int64_t* label = values.data_ptr<int64_t>();

@@ -13,6 +13,10 @@
 #include "afterburner/core/error.h"
 #include "afterburner/data/csv.h"
 #include "afterburner/data/idx.h"
+#include "afterburner/data/image_file.h"
+#include "afterburner/data/image_pipeline.h"
+#include "afterburner/data/npy.h"
+#include "afterburner/data/sources.h"
 #include "afterburner/data/loader.h"
 
 namespace afterburner::data {
@@ -30,21 +34,30 @@ TransformPtr image_transform(double scale, const std::vector<double>& mean, cons
   return compose(std::move(stages));
 }
 
+// The Python Loader's and ImageFolder's arguments, as the C++ loader takes them.
+LoaderOptions loader_options(int64_t batch_size, bool shuffle, bool drop_last, int64_t workers, int64_t prefetch,
+                             int64_t seed, bool channels_last) {
+  return LoaderOptions()
+      .batch_size(batch_size)
+      .shuffle(shuffle)
+      .drop_last(drop_last)
+      .workers(int(workers))
+      .prefetch(prefetch)
+      .seed(uint64_t(seed))
+      .channels_last(channels_last);
+}
+
 class ScriptLoader : public torch::CustomClassHolder {
  public:
   ScriptLoader(torch::Tensor inputs, torch::Tensor targets, int64_t batch_size, bool shuffle, bool drop_last,
                int64_t workers, int64_t prefetch, int64_t seed, bool channels_last, bool transform, double scale,
                std::vector<double> mean, std::vector<double> std, int64_t crop_padding, double flip)
       : loader_(std::make_shared<TensorDataset>(std::move(inputs), std::move(targets)),
-                LoaderOptions()
-                    .batch_size(batch_size)
-                    .shuffle(shuffle)
-                    .drop_last(drop_last)
-                    .workers(int(workers))
-                    .prefetch(prefetch)
-                    .seed(uint64_t(seed))
-                    .channels_last(channels_last),
-                transform ? image_transform(scale, mean, std, crop_padding, flip) : nullptr) {}
+                loader_options(batch_size, shuffle, drop_last, workers, prefetch, seed, channels_last), transform ? image_transform(scale, mean, std, crop_padding, flip) : nullptr) {}
+
+  // Any dataset and transform (the image folder pipeline's, made by an op below).
+  ScriptLoader(DatasetPtr dataset, const LoaderOptions& options, TransformPtr transform)
+      : loader_(std::move(dataset), options, std::move(transform)) {}
 
   int64_t batches_per_epoch() const { return loader_.batches_per_epoch(); }
 
@@ -77,11 +90,64 @@ class ScriptLoader : public torch::CustomClassHolder {
   bool handed_out_ = false;  // whether *next_ went to the caller already
 };
 
-std::tuple<torch::Tensor, torch::Tensor> load_mnist_op(const std::string& dir, const std::string& split) {
+Split split_named(const std::string& split) {
   if (split != "train" && split != "test") throw UsageError("split", "expected train or test, got " + split);
-  const auto dataset = std::static_pointer_cast<const TensorDataset>(
-      load_mnist(dir, split == "train" ? Split::train : Split::test));
+  return split == "train" ? Split::train : Split::test;
+}
+
+std::tuple<torch::Tensor, torch::Tensor> load_mnist_op(const std::string& dir, const std::string& split) {
+  const auto dataset = std::static_pointer_cast<const TensorDataset>(load_mnist(dir, split_named(split)));
   return {dataset->inputs(), dataset->targets()};
+}
+
+// An image folder decoded and augmented per epoch by the loader's workers (image_pipeline.h).
+c10::intrusive_ptr<ScriptLoader> image_folder_loader_op(const std::string& dir,
+                                                        const c10::optional<std::vector<std::string>>& classes,
+                                                        int64_t size, bool train, int64_t batch_size, bool shuffle,
+                                                        bool drop_last, int64_t workers, int64_t prefetch,
+                                                        int64_t seed, bool channels_last, std::vector<double> mean,
+                                                        std::vector<double> std, double flip, bool reduced_decode) {
+  auto files = std::make_shared<const ImageFiles>(
+      list_image_folder(dir, classes.value_or(std::vector<std::string>{})));
+  TransformPtr transform = decode_images(files, DecodeOptions()
+                                                    .size(size)
+                                                    .random_resized_crop(train)
+                                                    .flip(flip)
+                                                    .mean(std::move(mean))
+                                                    .std(std::move(std))
+                                                    .reduced_decode(reduced_decode));
+  return c10::make_intrusive<ScriptLoader>(
+      files, loader_options(batch_size, shuffle, drop_last, workers, prefetch, seed, channels_last),
+      std::move(transform));
+}
+
+std::tuple<std::vector<std::string>, std::vector<int64_t>, std::vector<std::string>> list_image_folder_op(
+    const std::string& dir, const c10::optional<std::vector<std::string>>& classes) {
+  ImageFileList list = list_image_folder(dir, classes.value_or(std::vector<std::string>{}));
+  return {std::move(list.paths), std::move(list.labels), std::move(list.classes)};
+}
+
+torch::Tensor resample_box_op(const torch::Tensor& image, int64_t x, int64_t y, int64_t width, int64_t height,
+                              int64_t size) {
+  if (image.scalar_type() != torch::kByte || image.dim() != 3) {
+    throw UsageError("image", "expected uint8 [C, H, W], got " + c10::str(image.scalar_type(), " ", image.sizes()));
+  }
+  Pixels pixels;
+  pixels.channels = image.size(0);
+  pixels.height = image.size(1);
+  pixels.width = image.size(2);
+  const torch::Tensor hwc = image.permute({1, 2, 0}).contiguous();
+  pixels.hwc.assign(hwc.data_ptr<uint8_t>(), hwc.data_ptr<uint8_t>() + hwc.numel());
+  return resample_box(pixels, Box{x, y, width, height}, size);
+}
+
+std::tuple<torch::Tensor, torch::Tensor, std::vector<std::string>> load_images_op(
+    const std::string& path, const std::string& format, const std::string& split, int64_t image_size,
+    const c10::optional<std::vector<std::string>>& classes) {
+  const DataFormat chosen = format == "auto" ? detect_data_format(path) : parse_data_format(format);
+  const LabelledDataset loaded = load_images(path, chosen, split_named(split), image_size, classes.value_or(std::vector<std::string>{}));
+  const auto& dataset = static_cast<const TensorDataset&>(*loaded.dataset);
+  return {dataset.inputs(), dataset.targets(), loaded.classes};
 }
 
 std::tuple<torch::Tensor, torch::Tensor> read_csv_op(const std::string& path, int64_t label_column,
@@ -108,6 +174,23 @@ TORCH_LIBRARY_FRAGMENT(afterburner, m) {
   m.def("read_idx(str path) -> Tensor", [](const std::string& path) { return read_idx(path); });
   // <dir>/{train,t10k}-*-ubyte[.gz] (the MNIST layout): images uint8 [N, 1, 28, 28], labels int64 [N].
   m.def("load_mnist(str dir, str split) -> (Tensor, Tensor)", load_mnist_op);
+  // Any dataset `afterburner train --data` reads (data/sources.h): images uint8 [N, C, S, S], labels
+  // int64 [N] and the class names.
+  m.def("load_images(str path, str format=\"auto\", str split=\"train\", int image_size=0, str[]? classes=None) "
+        "-> (Tensor, Tensor, str[])",
+        load_images_op);
+  // An image folder's loader, decoding and augmenting each epoch (data/image_pipeline.h); its listing.
+  m.def("image_folder_loader(str dir, str[]? classes, int size, bool train, int batch_size, bool shuffle, "
+        "bool drop_last, int workers, int prefetch, int seed, bool channels_last, float[] mean, float[] std, "
+        "float flip, bool reduced_decode) -> __torch__.torch.classes.afterburner.Loader",
+        image_folder_loader_op);
+  m.def("list_image_folder(str dir, str[]? classes=None) -> (str[], int[], str[])", list_image_folder_op);
+  // The pipeline's resampling of one box of a uint8 [C, H, W] image to size x size (float, 0..255).
+  m.def("resample_box(Tensor image, int x, int y, int width, int height, int size) -> Tensor", resample_box_op);
+  // One JPEG or PNG file as uint8 [C, H, W] (data/image_file.h).
+  m.def("decode_image_file(str path) -> Tensor", [](const std::string& path) { return decode_image_file(path); });
+  // A .npy file as a tensor of its dtype and shape.
+  m.def("read_npy(str path) -> Tensor", [](const std::string& path) { return read_npy(path); });
   // A numeric CSV file: features float32 [N, F] and labels int64 [N] (data::read_csv's rules).
   m.def("read_csv(str path, int label_column=-1, str label_name=\"\", bool header=True, str delimiter=\",\", "
         "int classes=0) -> (Tensor, Tensor)",

@@ -141,7 +141,19 @@ std::vector<ConfigField> make_fields() {
   return {
       text("model", "model from the zoo (mlp, cnn, resnet) or a TorchScript file to train in place (my_model.pt)",
            &TrainConfig::model),
-      path("data", "directory holding the MNIST-format IDX files (raw or .gz)", &TrainConfig::data),
+      path("data",
+           "the training images: a folder of MNIST-format IDX files, of class folders of JPEG/PNG images (with "
+           "train/ and val/ inside, or one set), of CIFAR-10/100 binary batches, or of x_train.npy and its kin, or "
+           "an .npz archive",
+           &TrainConfig::data),
+      text("data_format", "auto (told by what --data holds), idx, folder, cifar or npy", &TrainConfig::data_format,
+           {"auto", "idx", "folder", "cifar", "npy"}),
+      path("val_data", "evaluate on this dataset (its test split, or its class folders) instead of --data's",
+           &TrainConfig::val_data),
+      integer("image_size",
+              "resize image folders' images (shorter side, antialiased) and centre-crop them to this square (0 = as "
+              "stored, one square size)",
+              &TrainConfig::image_size, 0),
       integer("epochs", "passes over the training set", &TrainConfig::epochs, 1),
       integer("batch_size", "samples per micro-batch, over all data-parallel ranks together", &TrainConfig::batch_size, 1),
       integer("eval_batch_size", "samples per evaluation batch", &TrainConfig::eval_batch_size, 1),

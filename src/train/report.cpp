@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace afterburner::train {
 
 void to_json(nlohmann::json& j, const EvalPoint& point) {
@@ -30,6 +32,13 @@ nlohmann::json TrainReport::to_json() const {
                    {"steps", steps},
                    {"skipped_steps", skipped_steps},
                    {"evaluated_on", evaluated_on},
+                   {"data",
+                    {{"train_samples", data.train_samples},
+                     {"evaluation_samples", data.evaluation_samples},
+                     {"image", data.image},
+                     {"classes", data.classes},
+                     {"mean", data.mean},
+                     {"std", data.std}}},
                    {"schedule", schedule},
                    {"test_accuracy", test_accuracy},
                    {"test_accuracy_per_epoch", test_accuracy_per_epoch},
@@ -59,6 +68,14 @@ nlohmann::json TrainReport::to_json() const {
 std::string TrainReport::summary() const {
   std::string text = fmt::format("model {} ({} trainable parameters) | precision {} | batch {} | threads {} | workers {}\n",
                                  model, trainable_parameters, precision, batch_size, threads, workers);
+  if (data.train_samples > 0) {
+    constexpr size_t kNamed = 6;  // class names shown; the report's JSON has them all
+    const std::vector<std::string> named(data.classes.begin(),
+                                         data.classes.begin() + std::min(kNamed, data.classes.size()));
+    text += fmt::format("data               {} training images {}, {} {}, {} classes ({}{})\n", data.train_samples,
+                        fmt::join(data.image, "x"), data.evaluation_samples, evaluated_on, data.classes.size(),
+                        fmt::join(named, ", "), data.classes.size() > kNamed ? ", ..." : "");
+  }
   if (world_size > 1) {
     text += fmt::format("ranks              {}, each with batch {} (speeds and samples count all ranks)\n", world_size,
                         batch_size / world_size);

@@ -14,8 +14,8 @@
 #include "afterburner/core/heap.h"
 #include "afterburner/core/memory_format.h"
 #include "afterburner/core/threads.h"
-#include "afterburner/data/idx.h"
 #include "afterburner/data/loader.h"
+#include "afterburner/data/sources.h"
 #include "afterburner/data/transforms.h"
 #include "afterburner/infer/model_file.h"
 #include "afterburner/kernels/cross_entropy.h"
@@ -40,6 +40,18 @@ Precision resolve_precision(const std::string& name, const torch::Device& device
   Precision precision = parse_precision(name);
   check_precision_supported(precision, device);
   return precision;
+}
+
+// Labels beyond the training classes stop the run here, naming the dataset, not inside the loss;
+// so do images another shape than the training ones.
+void check_evaluation_set(const TrainingData& data, const std::string& source) {
+  const data::Batch all = data.evaluation->get_batch(torch::arange(data.evaluation->size()));
+  data::check_labels(all.target, static_cast<int64_t>(data.classes.size()), source);
+  const auto train_shape = data.train->get_batch(torch::zeros({1}, torch::kLong)).input.sizes().slice(1);
+  if (all.input.sizes().slice(1) != train_shape) {
+    throw DataError(source, fmt::format("evaluation images of shape {}, the training images {}",
+                                        c10::str(all.input.sizes().slice(1)), c10::str(train_shape)));
+  }
 }
 
 // Exact statistics of uint8 images from each channel's histogram of the 256 pixel values,
@@ -85,7 +97,7 @@ int64_t evaluation_interval(const TrainConfig& config, int64_t batches_per_epoch
 // training starts, so that a model whose input or output does not fit cross-entropy over the
 // dataset's classes stops with one line naming the file, not inside the first step.
 void check_model_fits(Model& model, const TrainingData& data, const std::string& name, bool channels_last) {
-  const int64_t classes = models::ModelOptions().num_classes();
+  const auto classes = static_cast<int64_t>(data.classes.size());
   torch::Tensor images = data.train->get_batch(torch::arange(2, torch::kLong)).input.to(torch::kFloat).div_(255);
   if (channels_last) images = afterburner::channels_last(images);
   const std::string input = "a batch " + c10::str(images.sizes());
@@ -193,15 +205,27 @@ torch::jit::Module load_user_model(const TrainConfig& config, const TrainingData
 }
 
 TrainingData load_training_data(const TrainConfig& config) {
-  // Labels outside the model's outputs stop the run here, naming the file, not inside the loss.
-  const int64_t classes = models::ModelOptions().num_classes();
+  const data::DataFormat format = config.data_format == "auto" ? data::detect_data_format(config.data)
+                                                               : data::parse_data_format(config.data_format);
+  data::LabelledDataset train = data::load_images(config.data, format, data::Split::train, config.image_size);
   TrainingData data;
-  data.train = data::load_mnist(config.data, data::Split::train, classes);
+  data.train = train.dataset;
+  data.classes = train.classes;
   data.evaluated_on = config.validation_split > 0 ? "validation" : "test";
   if (config.validation_split > 0) {
     std::tie(data.train, data.evaluation) = hold_out(data.train, config.validation_split, config.seed);
+  } else if (!config.val_data.empty()) {
+    const data::DataFormat val_format = config.data_format == "auto" ? data::detect_data_format(config.val_data)
+                                                                     : format;
+    data.evaluation = data::load_images(config.val_data, val_format, data::Split::test, config.image_size,
+                                        data.classes).dataset;
+    check_evaluation_set(data, config.val_data);
+  } else if (format == data::DataFormat::folder && !data::has_split_folders(config.data)) {
+    throw UsageError("--data", config.data + " holds one set of class folders and no val/ or test/ beside a train/: "
+                                             "give --val-data DIR or --validation-split F to evaluate on");
   } else {
-    data.evaluation = data::load_mnist(config.data, data::Split::test, classes);
+    data.evaluation = data::load_images(config.data, format, data::Split::test, config.image_size, data.classes).dataset;
+    check_evaluation_set(data, config.data);
   }
   describe_images(*data.train, data);
   return data;
@@ -210,6 +234,7 @@ TrainingData load_training_data(const TrainConfig& config) {
 struct TrainingSession::Parts {
   TrainConfig config;
   std::string evaluated_on;
+  DataSummary data;
   torch::Device device = torch::kCPU;
   int workers = 0;
   torch::nn::Sequential model;  // a zoo model as built: exportable, sharing its parameters with the trained one
@@ -234,6 +259,7 @@ Model TrainingSession::Parts::zoo_model(const TrainConfig& config, const Trainin
                                         const DataParallelism& parallel) {
   model = models::make_model(config.model, models::ModelOptions()
                                                .in_channels(data.channels)
+                                               .num_classes(static_cast<int64_t>(data.classes.size()))
                                                .image_size(data.image_size)
                                                .batch_norm(parallel.batch_norm));
   if (config.sketch) model = sketched(model, config);
@@ -265,6 +291,8 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   auto& p = *parts_;
   p.config = config;
   p.evaluated_on = data.evaluated_on;
+  p.data = {data.train->size(), data.evaluation->size(), {data.channels, data.image_size, data.image_size},
+            data.classes, data.mean, data.std};
   ThreadsGuard threads(p.threads());
   p.device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   const Precision precision = resolve_precision(config.precision, p.device);
@@ -385,6 +413,7 @@ TrainReport TrainingSession::Parts::describe(TrainReport report) const {
   report.model = config.model;
   report.schedule = schedule;
   report.evaluated_on = evaluated_on;
+  report.data = data;
   report.batch_size = config.batch_size;
   report.threads = at::get_num_threads();
   report.workers = workers;

@@ -28,10 +28,12 @@ TEST_F(CliDataErrors, SyntheticSetTrains) {
   EXPECT_EQ(result.exit_code, 0) << result.err;
 }
 
-TEST_F(CliDataErrors, MissingDataDirNamesTheFileLookedFor) {
+TEST_F(CliDataErrors, MissingDataDirIsNamedAndSoIsTheFileLookedFor) {
   auto missing = dir_ / "no-such-dir";
-  auto result = run_cli(train_args(missing, {{"--max-steps", "1"}}));
-  EXPECT_TRUE(fails_with(result, 1, {(missing / "train-images-idx3-ubyte").string()}));
+  EXPECT_TRUE(fails_with(run_cli(train_args(missing, {{"--max-steps", "1"}})), 1,
+                         {missing.string() + ": no such file or folder"}));
+  EXPECT_TRUE(fails_with(run_cli(train_args(missing, {{"--max-steps", "1"}, {"--data-format", "idx"}})), 1,
+                         {(missing / "train-images-idx3-ubyte").string()}));
 }
 
 TEST_F(CliDataErrors, MissingLabelFileIsNamed) {

@@ -9,6 +9,8 @@
 // The check reads the whole file once (a model of 100 MB: about 50 ms).
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <string>
 
 #include "afterburner/core/error.h"
@@ -29,5 +31,11 @@ class ArchiveError : public Error {
 
 // Reads every record of the zip archive at `path` and checks it against its CRC-32.
 void check_archive(const std::string& path);
+
+// Reads the records of the zip archive at `path` in order, as check_archive checks them, handing
+// each one's bytes to `chunk` in pieces as they are read (a record's pieces arrive in order, its
+// check after its last piece). Throws ArchiveError as check_archive.
+using RecordChunk = std::function<void(const std::string& record, const char* bytes, size_t size)>;
+void read_archive(const std::string& path, const RecordChunk& chunk);
 
 }  // namespace afterburner

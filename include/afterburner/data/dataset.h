@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace afterburner::data {
 
@@ -28,6 +29,18 @@ class Dataset {
   virtual Batch get_batch(const torch::Tensor& indices) const = 0;
 };
 using DatasetPtr = std::shared_ptr<const Dataset>;
+
+// Which part of a dataset stored with both: the training or the test (evaluation) samples.
+enum class Split { train, test };
+
+// A classification dataset and its classes' names: label i is classes[i].
+struct LabelledDataset {
+  DatasetPtr dataset;
+  std::vector<std::string> classes;
+};
+
+// "0", "1", ...: the names of `count` classes stored only as numbers.
+std::vector<std::string> numbered_classes(int64_t count);
 
 // Samples held in memory; get_batch is one index_select per tensor.
 class TensorDataset : public Dataset {

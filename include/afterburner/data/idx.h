@@ -18,8 +18,6 @@ namespace afterburner::data {
 // header or data, trailing bytes, or corrupt gzip data.
 torch::Tensor read_idx(const std::string& path);
 
-enum class Split { train, test };
-
 // Reads <dir>/{train,t10k}-{images-idx3,labels-idx1}-ubyte, preferring the raw file and
 // falling back to the .gz one. Checks the images are uint8 [N, 28, 28], the labels uint8
 // [N], that the counts agree and, when `classes` > 0 (the model's outputs), that every label

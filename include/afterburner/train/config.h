@@ -17,6 +17,9 @@ namespace afterburner::train {
 struct TrainConfig {
   std::string model = "cnn";
   std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string data_format = "auto";  // data/sources.h: auto, idx, folder, cifar, npy
+  std::string val_data;              // a separate evaluation set (empty: --data's test split)
+  int64_t image_size = 0;            // image folders resized and cropped to this square (0 = as stored)
   // The default recipe reaches 91% on Fashion-MNIST's cnn in the fewest samples measured
   // (docs/time-to-accuracy.md): no augmentation, Nesterov SGD at 0.1, cosine over 3 epochs.
   int64_t epochs = 3;

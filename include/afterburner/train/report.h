@@ -39,6 +39,14 @@ struct CommunicationStats {
   double hidden_ms_per_step = 0;
 };
 
+// What the run trained and evaluated on.
+struct DataSummary {
+  int64_t train_samples = 0, evaluation_samples = 0;
+  std::vector<int64_t> image;        // one sample's shape: [C, S, S]
+  std::vector<std::string> classes;  // label i is classes[i]
+  std::vector<double> mean, std;     // per channel, of the training pixels in [0, 1]: what batches are normalised by
+};
+
 struct TrainReport {
   std::map<std::string, std::string> config;  // every TrainConfig field's text, when run_training() made it
   std::string model;
@@ -52,6 +60,7 @@ struct TrainReport {
   int64_t steps = 0;                   // optimizer steps taken (all sessions of a resumed run)
   int64_t skipped_steps = 0;           // steps dropped for an inf/NaN loss or gradient
   std::string evaluated_on = "test";   // "test", or "validation" (held out of the training set)
+  DataSummary data;
   std::string schedule;                // the learning-rate schedule, described
   double test_accuracy = 0;            // of the last evaluation
   std::vector<double> test_accuracy_per_epoch;

@@ -29,6 +29,7 @@ struct TrainingData {
   std::string evaluated_on;     // "test" or "validation"
   int64_t channels = 0, image_size = 0;
   std::vector<double> mean, std;  // per channel, of the training images scaled to [0, 1]
+  std::vector<std::string> classes;  // label i is classes[i]
 };
 
 // Whether --model names a TorchScript file to train (a path, or a name ending in .pt) rather
@@ -42,8 +43,9 @@ bool is_model_file(const std::string& model);
 // calls it once before starting its ranks.
 torch::jit::Module load_user_model(const TrainConfig& config, const TrainingData& data, bool data_parallel);
 
-// Reads config.data and splits off config.validation_split. Throws UsageError / DataError naming
-// the file or flag.
+// Reads config.data (in config.data_format, data/sources.h) and evaluates on config.val_data, a
+// validation split held out of it (config.validation_split) or its test split. Throws UsageError /
+// DataError naming the file or flag.
 TrainingData load_training_data(const TrainConfig& config);
 
 struct StepMeasurement {

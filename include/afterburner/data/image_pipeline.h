@@ -1,0 +1,80 @@
+// Image files decoded and augmented per sample by the loader's workers, for image sets that are
+// larger than memory at training size: torchvision's ImageFolder with RandomResizedCrop (or
+// Resize + CenterCrop), RandomHorizontalFlip, ToTensor and Normalize, as one pass per image.
+//
+//   auto files = std::make_shared<ImageFiles>(list_image_folder("pets/train"));
+//   Loader loader(files, LoaderOptions().batch_size(64).workers(2),
+//                 decode_images(files, DecodeOptions().size(224).mean({0.485, 0.456, 0.406})
+//                                                     .std({0.229, 0.224, 0.225})));
+//   for (Batch& batch : loader.epoch(0)) ...   // float32 [64, 3, 224, 224], labels int64 [64]
+//
+// Per image: the crop box is drawn first (RandomResizedCrop's algorithm and defaults: area
+// 8%-100% of the image, aspect ratio 3/4-4/3, 10 tries, then the centre), then of a JPEG only the
+// rows and 8-16 px blocks the box covers are decoded (DALI's region-of-interest decoding: the cost
+// falls with the box's area), at 1/2, 1/4 or 1/8 of the size where the box still spans `size`
+// pixels each way at that scale; then the box is resampled to size x size with
+// the antialiased bilinear filter of PIL and torchvision (its support widened by the downscale),
+// mirrored, scaled to [0, 1] and normalised, written straight into the batch. Evaluation
+// (random_resized_crop false) takes the centre box that Resize(size * 256 / 224) + CenterCrop(size)
+// would keep and resamples it the same way. The randomness is a function of the loader's batch
+// seed and the sample's position, as for every transform: the batches are the same for any worker
+// count and on a second run.
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "afterburner/data/dataset.h"
+#include "afterburner/data/image_file.h"
+#include "afterburner/data/image_folder.h"
+#include "afterburner/data/transforms.h"
+
+namespace afterburner::data {
+
+// A dataset of image files: get_batch returns the samples' indices as the input (int64 [n]) and
+// their labels, for decode_images to turn into pixels.
+class ImageFiles : public Dataset {
+ public:
+  explicit ImageFiles(ImageFileList files);
+  int64_t size() const override;
+  Batch get_batch(const torch::Tensor& indices) const override;
+  const ImageFileList& files() const { return files_; }
+
+ private:
+  ImageFileList files_;
+};
+
+struct DecodeOptions {
+  // The side of the square images produced.
+  TORCH_ARG(int64_t, size) = 224;
+  // Training: a random box per image (RandomResizedCrop); evaluation: the centre box.
+  TORCH_ARG(bool, random_resized_crop) = true;
+  TORCH_ARG(double, min_area) = 0.08;
+  TORCH_ARG(double, max_area) = 1.0;
+  TORCH_ARG(double, min_ratio) = 3.0 / 4.0;
+  TORCH_ARG(double, max_ratio) = 4.0 / 3.0;
+  // Probability of mirroring an image left-right (0 in evaluation).
+  TORCH_ARG(double, flip) = 0.5;
+  // Per channel, of pixels in [0, 1]; empty: not normalised.
+  TORCH_ARG(std::vector<double>, mean) = {};
+  TORCH_ARG(std::vector<double>, std) = {};
+  // Output channels: 3 (grayscale images repeated, as PIL's convert("RGB")) or 1 (colour images
+  // refused).
+  TORCH_ARG(int64_t, channels) = 3;
+  // Decode of a JPEG only the rows and blocks the box covers, at a reduced DCT scale where the box
+  // allows (off: always whole, slower).
+  TORCH_ARG(bool, reduced_decode) = true;
+};
+
+// The transform that turns ImageFiles' batches into float32 [n, channels, size, size] images.
+TransformPtr decode_images(std::shared_ptr<const ImageFiles> files, DecodeOptions options);
+
+// The box resampled to size x size as the pipeline does it: float [C, size, size] in 0..255,
+// equal to torchvision's resized_crop(antialias=True) of the float image to float rounding.
+torch::Tensor resample_box(const Pixels& pixels, const Box& box, int64_t size);
+
+}  // namespace afterburner::data

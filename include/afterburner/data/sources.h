@@ -1,0 +1,40 @@
+// The datasets `afterburner train --data PATH` reads, told apart by what PATH holds or named by
+// --data-format: all give square uint8 images [N, C, S, S] and their classes.
+//
+//   DataFormat format = detect_data_format("pets");          // DataFormat::folder
+//   LabelledDataset train = load_images("pets", format, Split::train);
+//
+//   idx     a folder of MNIST-layout IDX files (idx.h), 10 classes as in the MNIST family
+//   folder  class folders of JPEG/PNG images (image_folder.h); with train/ and val/ (or test/)
+//           folders inside, those are the splits, else the folder itself is the only set
+//   cifar   CIFAR-10/100 binary batches (cifar.h)
+//   npy     an .npz archive or a folder of .npy arrays in Keras's layout (npy.h)
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "afterburner/data/dataset.h"
+
+namespace afterburner::data {
+
+enum class DataFormat { idx, folder, cifar, npy };
+
+// "idx", "folder", "cifar", "npy"; throws UsageError naming --data-format for anything else.
+DataFormat parse_data_format(const std::string& name);
+const char* data_format_name(DataFormat format);
+
+// Throws DataError naming `path` when it holds none of the formats.
+DataFormat detect_data_format(const std::string& path);
+
+// Whether an image folder holds its splits as train/ and val/ (or test/) folders.
+bool has_split_folders(const std::string& dir);
+
+// `split` of the dataset at `path`. image_size: the square side image folders are resized and
+// cropped to (0: as stored); the other formats store one size, which it must then equal.
+// classes: the training set's, when loading an evaluation set (an image folder's subfolders are
+// labelled by them; the other formats store labels as numbers).
+LabelledDataset load_images(const std::string& path, DataFormat format, Split split, int64_t image_size = 0,
+                            const std::vector<std::string>& classes = {});
+
+}  // namespace afterburner::data

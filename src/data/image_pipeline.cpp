@@ -1,0 +1,332 @@
+#include "afterburner/data/image_pipeline.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "afterburner/core/error.h"
+#include "file_bytes.h"
+#include "random.h"
+
+namespace afterburner::data {
+namespace {
+
+// Where output pixels read along one axis: output k sums inputs first[k] .. first[k] + count[k] - 1
+// times weights[k * width ...]. PIL's and torchvision's antialiased bilinear resampling (the
+// triangle filter, its support widened by the downscale factor, weights normalised to sum to 1).
+struct Taps {
+  std::vector<int64_t> first, count;
+  std::vector<float> weights;
+  int64_t width = 0;
+};
+
+// Taps over [start, start + length) of an axis of `limit` pixels, to `out` outputs. A box of whole
+// pixels reads only its own pixels, as torchvision's crop-then-resize does; a box of a reduced
+// decode may start and end inside a pixel, which it then reads.
+Taps bilinear_taps(double start, double length, int64_t limit, int64_t out) {
+  const double scale = length / out;
+  const double filter_scale = std::max(scale, 1.0);
+  const double support = filter_scale;  // the triangle's radius, 1, times the downscale
+  const auto first_pixel = std::max<int64_t>(static_cast<int64_t>(std::floor(start)), 0);
+  const auto end_pixel = std::min<int64_t>(static_cast<int64_t>(std::ceil(start + length)), limit);
+  Taps taps;
+  taps.width = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
+  taps.first.resize(out);
+  taps.count.resize(out);
+  taps.weights.assign(static_cast<size_t>(out * taps.width), 0.f);
+  std::vector<double> w(static_cast<size_t>(taps.width));
+  for (int64_t k = 0; k < out; ++k) {
+    const double center = start + (k + 0.5) * scale;
+    const int64_t lo = std::max<int64_t>(static_cast<int64_t>(std::floor(center - support + 0.5)), first_pixel);
+    const int64_t hi = std::min<int64_t>(static_cast<int64_t>(std::floor(center + support + 0.5)), end_pixel);
+    double total = 0;
+    for (int64_t x = lo; x < hi; ++x) {
+      w[x - lo] = std::max(0.0, 1.0 - std::abs((x - center + 0.5) / filter_scale));
+      total += w[x - lo];
+    }
+    taps.first[k] = lo;
+    taps.count[k] = hi - lo;
+    for (int64_t t = 0; t < hi - lo; ++t) taps.weights[k * taps.width + t] = static_cast<float>(w[t] / total);
+  }
+  return taps;
+}
+
+// A box in (possibly fractional) pixels of a decoded image.
+struct Region {
+  double x, y, width, height;
+};
+
+// The two passes pick their instruction set at load time, as the kernels do (kernels/*.cpp): the
+// build targets baseline x86-64.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define AFTERBURNER_PIPELINE_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define AFTERBURNER_PIPELINE_CLONES
+#endif
+
+// target[i] += w * source[i]: one source row's share of an output row.
+AFTERBURNER_PIPELINE_CLONES void accumulate_row(float* __restrict target, const uint8_t* __restrict source, float w,
+                                                int64_t n) {
+  for (int64_t i = 0; i < n; ++i) target[i] += w * source[i];
+}
+
+// Where resampled pixels go: `count` planes of out x out floats, value v of source channel
+// min(o, C - 1) written to plane o as v * scale[o] + shift[o] (normalised; a gray image repeated),
+// mirrored left-right when asked.
+struct Planes {
+  float* plane[3];
+  int64_t count;
+  float scale[3], shift[3];
+  bool mirrored;
+};
+
+// Across one row of `kChannels`-interleaved values (the columns pass's output, starting at source
+// column `left`) to output row y of the planes.
+template <int kChannels>
+[[gnu::always_inline]] inline void across_row(const float* __restrict row, const Taps& across, int64_t left,
+                                              const Planes& planes, int64_t y, int64_t out) {
+  for (int64_t x = 0; x < out; ++x) {
+    const float* w = &across.weights[x * across.width];
+    const float* pixel = row + (across.first[x] - left) * kChannels;
+    float sum[kChannels] = {};
+    for (int64_t t = 0; t < across.count[x]; ++t) {
+      for (int c = 0; c < kChannels; ++c) sum[c] += w[t] * pixel[t * kChannels + c];
+    }
+    const int64_t column = y * out + (planes.mirrored ? out - 1 - x : x);
+    for (int64_t o = 0; o < planes.count; ++o) {
+      planes.plane[o][column] = sum[std::min<int64_t>(o, kChannels - 1)] * planes.scale[o] + planes.shift[o];
+    }
+  }
+}
+
+AFTERBURNER_PIPELINE_CLONES void across_rows(const float* columns, int64_t span, const Taps& across, int64_t left,
+                                             int64_t channels, const Planes& planes, int64_t out) {
+  for (int64_t y = 0; y < out; ++y) {
+    if (channels == 3) {
+      across_row<3>(columns + y * span, across, left, planes, y, out);
+    } else {
+      across_row<1>(columns + y * span, across, left, planes, y, out);
+    }
+  }
+}
+
+// The region's pixels resampled to out x out into `planes`: down the columns first (into
+// `columns`: each output row a weighted sum of whole source rows, runs that vectorize), then
+// across, each value normalised and written to its place in one step.
+void resample(const Pixels& image, const Region& region, int64_t out, std::vector<float>& columns,
+              const Planes& planes) {
+  const Taps across = bilinear_taps(region.x, region.width, image.width, out);
+  const Taps down = bilinear_taps(region.y, region.height, image.height, out);
+  const int64_t channels = image.channels, row_stride = image.width * channels;
+  const int64_t left = across.first.front(), span = (across.first.back() + across.count.back() - left) * channels;
+  columns.assign(static_cast<size_t>(out * span), 0.f);
+  for (int64_t k = 0; k < out; ++k) {
+    for (int64_t t = 0; t < down.count[k]; ++t) {
+      accumulate_row(columns.data() + k * span, image.hwc.data() + (down.first[k] + t) * row_stride + left * channels,
+                     down.weights[k * down.width + t], span);
+    }
+  }
+  across_rows(columns.data(), span, across, left, channels, planes, out);
+}
+
+// RandomResizedCrop's box (torchvision's get_params): up to 10 draws of an area share and a
+// log-uniform aspect ratio that fit, else the centre at the ratio's nearest bound.
+Box random_box(int64_t width, int64_t height, const DecodeOptions& o, uint64_t seed) {
+  const double area = static_cast<double>(width) * height;
+  const double log_min = std::log(o.min_ratio()), log_max = std::log(o.max_ratio());
+  for (uint64_t attempt = 0; attempt < 10; ++attempt) {
+    const double share = o.min_area() + (o.max_area() - o.min_area()) * unit_interval(derive_seed(seed, 4 * attempt));
+    const double ratio = std::exp(log_min + (log_max - log_min) * unit_interval(derive_seed(seed, 4 * attempt + 1)));
+    const auto w = static_cast<int64_t>(std::nearbyint(std::sqrt(area * share * ratio)));
+    const auto h = static_cast<int64_t>(std::nearbyint(std::sqrt(area * share / ratio)));
+    if (w > 0 && h > 0 && w <= width && h <= height) {
+      const auto x = static_cast<int64_t>(bounded(derive_seed(seed, 4 * attempt + 2), width - w + 1));
+      const auto y = static_cast<int64_t>(bounded(derive_seed(seed, 4 * attempt + 3), height - h + 1));
+      return {x, y, w, h};
+    }
+  }
+  const double ratio = static_cast<double>(width) / height;
+  int64_t w = width, h = height;
+  if (ratio < o.min_ratio()) h = static_cast<int64_t>(std::nearbyint(w / o.min_ratio()));
+  if (ratio > o.max_ratio()) w = static_cast<int64_t>(std::nearbyint(h * o.max_ratio()));
+  return {(width - w) / 2, (height - h) / 2, w, h};
+}
+
+// The box Resize(size * 256 / 224) + CenterCrop(size) keeps: a centred square of the shorter
+// side's 224/256.
+Box centre_box(int64_t width, int64_t height) {
+  const int64_t side = std::max<int64_t>(1, static_cast<int64_t>(std::nearbyint(std::min(width, height) * 224.0 / 256)));
+  return {(width - side) / 2, (height - side) / 2, side, side};
+}
+
+// The smallest DCT scale at which the box still spans `size` pixels each way (8/8: whole). Of
+// libjpeg-turbo's n/8 scales only 1/8, 1/4 and 1/2 have SIMD kernels: the others decode slower
+// than the whole image (measured), so they are not taken.
+int decode_eighths(const Box& box, int64_t size) {
+  for (int eighths : {1, 2, 4}) {
+    if (box.width * eighths >= size * 8 && box.height * eighths >= size * 8) return eighths;
+  }
+  return 8;
+}
+
+// A worker's buffers, kept from image to image: allocating them anew per image cost page faults
+// (glibc maps blocks this large afresh each time).
+struct Scratch {
+  std::vector<char> file;
+  Pixels pixels;
+  std::vector<float> columns;
+};
+
+// Where `box` of the stored image lies in the image decoded at eighths/8 (libjpeg rounds the
+// scaled size up).
+Region scaled_region(const Box& box, const ImageSize& stored, int eighths) {
+  const auto scaled = [eighths](int64_t side) { return (side * eighths + 7) / 8; };
+  const double sx = static_cast<double>(scaled(stored.width)) / stored.width;
+  const double sy = static_cast<double>(scaled(stored.height)) / stored.height;
+  return {box.x * sx, box.y * sy, box.width * sx, box.height * sy};
+}
+
+// The whole pixels a region touches.
+Box covering_box(const Region& region) {
+  const auto x = static_cast<int64_t>(std::floor(region.x)), y = static_cast<int64_t>(std::floor(region.y));
+  return {x, y, static_cast<int64_t>(std::ceil(region.x + region.width)) - x,
+          static_cast<int64_t>(std::ceil(region.y + region.height)) - y};
+}
+
+class DecodeImages : public BatchTransform {
+ public:
+  DecodeImages(std::shared_ptr<const ImageFiles> files, DecodeOptions options)
+      : files_(std::move(files)), options_(std::move(options)) {
+    const int64_t channels = options_.channels();
+    if (channels != 1 && channels != 3) {
+      throw UsageError("decode_images channels", fmt::format("{} is not 1 or 3", channels));
+    }
+    if (options_.size() < 1) throw UsageError("decode_images size", "must be at least 1");
+    const std::vector<double>& mean = options_.mean();
+    const std::vector<double>& std = options_.std();
+    if (mean.size() != std.size() || !(mean.empty() || mean.size() == 1 || int64_t(mean.size()) == channels)) {
+      throw UsageError("decode_images mean",
+                       fmt::format("{} means and {} stds for {} channels", mean.size(), std.size(), channels));
+    }
+    for (int64_t c = 0; c < channels; ++c) {  // v in 0..255 -> (v / 255 - mean) / std
+      const double m = mean.empty() ? 0 : mean[mean.size() == 1 ? 0 : c];
+      const double s = std.empty() ? 1 : std[std.size() == 1 ? 0 : c];
+      if (!(s > 0)) throw UsageError("decode_images std", fmt::format("{} is not positive", s));
+      scale_.push_back(static_cast<float>(1.0 / (255.0 * s)));
+      shift_.push_back(static_cast<float>(-m / s));
+    }
+  }
+
+  Batch operator()(Batch batch, uint64_t seed) const override {
+    const torch::Tensor indices = batch.input.contiguous();
+    const int64_t n = indices.numel(), size = options_.size(), channels = options_.channels();
+    torch::Tensor images = batch_buffer({n, channels, size, size});
+    for (int64_t i = 0; i < n; ++i) {
+      decode_one(indices.data_ptr<int64_t>()[i], derive_seed(seed, static_cast<uint64_t>(i)),
+                 images.data_ptr<float>() + i * channels * size * size);
+    }
+    return {images, std::move(batch.target)};
+  }
+
+  std::string describe() const override {
+    return fmt::format("decode_images(size={}, {}, flip={}, reduced_decode={})", options_.size(),
+                       options_.random_resized_crop() ? "random_resized_crop" : "centre", options_.flip(),
+                       options_.reduced_decode());
+  }
+
+ private:
+  // Sample `index` decoded, cropped, resampled, mirrored and normalised into `out` [C, size, size].
+  void decode_one(int64_t index, uint64_t seed, float* out) const {
+    const std::string& path = files_->files().paths.at(static_cast<size_t>(index));
+    thread_local Scratch scratch;
+    file_bytes(path, scratch.file);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(scratch.file.data());
+    const size_t length = scratch.file.size();
+    const ImageSize stored = read_image_size(bytes, length, path);
+    const int64_t size = options_.size();
+    const Box box = options_.random_resized_crop() ? random_box(stored.width, stored.height, options_, seed)
+                                                   : centre_box(stored.width, stored.height);
+    const bool reduced = options_.reduced_decode() && stored.partial_decoding;
+    const int eighths = reduced ? decode_eighths(box, size) : 8;
+    const Region region = scaled_region(box, stored, eighths);
+    const Box part = covering_box(region);
+    const Pixels& pixels = scratch.pixels;
+    decode_pixels(bytes, length, path, eighths, scratch.pixels, reduced ? &part : nullptr);
+    if (pixels.channels > options_.channels()) {
+      throw DataError(path, "a colour image in a set decoded to one channel (DecodeOptions::channels)");
+    }
+    const Region within{region.x - pixels.left, region.y - pixels.top, region.width, region.height};
+    Planes planes{{}, options_.channels(), {}, {}, unit_interval(derive_seed(seed, 1000)) < options_.flip()};
+    for (int64_t c = 0; c < planes.count; ++c) {
+      planes.plane[c] = out + c * size * size;
+      planes.scale[c] = scale_[c];
+      planes.shift[c] = shift_[c];
+    }
+    resample(pixels, within, size, scratch.columns, planes);
+  }
+
+  // A float tensor of `sizes` for a batch: one whose last batch nobody holds any more (no tensor
+  // nor view of it outside this pool), else a new one, kept for later batches. A batch of 64
+  // images at 224 px is 38 MB, which glibc maps afresh and the kernel zero-fills page by page
+  // for each batch: a fifth of a worker's time before the pool.
+  torch::Tensor batch_buffer(c10::IntArrayRef sizes) const {
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    for (const torch::Tensor& buffer : pool_) {
+      if (buffer.sizes() == sizes && buffer.use_count() == 1 && buffer.storage().use_count() == 1) return buffer;
+    }
+    torch::Tensor buffer = torch::empty(sizes, torch::kFloat);
+    if (pool_.size() < kPoolSize) pool_.push_back(buffer);
+    return buffer;
+  }
+
+  // Batches in flight at once: prefetched by every worker, held by the caller, one being built.
+  static constexpr size_t kPoolSize = 24;
+
+  std::shared_ptr<const ImageFiles> files_;
+  DecodeOptions options_;
+  std::vector<float> scale_, shift_;
+  mutable std::mutex pool_mutex_;
+  mutable std::vector<torch::Tensor> pool_;
+};
+
+}  // namespace
+
+ImageFiles::ImageFiles(ImageFileList files) : files_(std::move(files)) {
+  if (files_.paths.size() != files_.labels.size()) {
+    throw UsageError("ImageFiles", fmt::format("{} paths and {} labels", files_.paths.size(), files_.labels.size()));
+  }
+}
+
+int64_t ImageFiles::size() const { return static_cast<int64_t>(files_.paths.size()); }
+
+Batch ImageFiles::get_batch(const torch::Tensor& indices) const {
+  check_indices(indices, size());
+  const torch::Tensor labels = torch::from_blob(const_cast<int64_t*>(files_.labels.data()), {size()}, torch::kLong);
+  return {indices.clone(), labels.index_select(0, indices)};
+}
+
+torch::Tensor resample_box(const Pixels& pixels, const Box& box, int64_t size) {
+  if (box.x < 0 || box.y < 0 || box.width < 1 || box.height < 1 || box.x + box.width > pixels.width ||
+      box.y + box.height > pixels.height) {
+    throw UsageError("box", fmt::format("({}, {}) {}x{} is not inside the {}x{} image", box.x, box.y, box.width,
+                                        box.height, pixels.width, pixels.height));
+  }
+  torch::Tensor planes = torch::empty({pixels.channels, size, size}, torch::kFloat);
+  Planes into{{}, pixels.channels, {}, {}, false};
+  for (int64_t c = 0; c < pixels.channels; ++c) {
+    into.plane[c] = planes[c].data_ptr<float>();
+    into.scale[c] = 1;
+    into.shift[c] = 0;
+  }
+  std::vector<float> columns;
+  resample(pixels, Region{double(box.x), double(box.y), double(box.width), double(box.height)}, size, columns, into);
+  return planes;
+}
+
+TransformPtr decode_images(std::shared_ptr<const ImageFiles> files, DecodeOptions options) {
+  return std::make_shared<DecodeImages>(std::move(files), std::move(options));
+}
+
+}  // namespace afterburner::data

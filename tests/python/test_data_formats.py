@@ -1,0 +1,305 @@
+"""Users' datasets in every format `afterburner train --data` reads, against independent readers:
+Fashion-MNIST written as IDX files, a folder of PNGs per class, CIFAR-style binary batches, an .npz
+archive and a folder of .npy arrays loads to the IDX tensors bit for bit and trains to the same
+accuracy; JPEG and PNG decoding equals PIL's; resizing equals torchvision's; bad input is one line."""
+import gzip
+import json
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy
+import pytest
+import torch
+import torchvision.transforms.functional as TF
+from PIL import Image
+
+from afterburner import data
+from served import BINARY
+
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+TRAIN, TEST = 1200, 300  # per split: enough to learn something in a few dozen steps
+
+
+def idx_array(name):
+    path = FASHION_MNIST / name
+    raw = path.read_bytes() if path.exists() else gzip.open(f"{path}.gz").read()
+    dims = struct.unpack(f">{raw[3]}I", raw[4:4 + 4 * raw[3]])
+    return numpy.frombuffer(raw, numpy.uint8, offset=4 + 4 * raw[3]).reshape(dims)
+
+
+def write_idx(path, array):
+    path.write_bytes(struct.pack(f">HBB{array.ndim}I", 0, 0x08, array.ndim, *array.shape) + array.tobytes())
+
+
+def cifar_records(images, labels):
+    """CIFAR-10's records: a label byte, then 3 planes of 32x32 (the 28x28 image padded, repeated)."""
+    planes = numpy.repeat(numpy.pad(images, ((0, 0), (2, 2), (2, 2)))[:, None], 3, axis=1)
+    return numpy.concatenate([labels[:, None], planes.reshape(len(images), -1)], axis=1).astype(numpy.uint8)
+
+
+@pytest.fixture(scope="module")
+def formats(tmp_path_factory):
+    """The first TRAIN and TEST Fashion-MNIST items, each split in label order (so that a folder per
+    class holds them in the same order), in every format: {format: path}, and the arrays."""
+    root = tmp_path_factory.mktemp("formats")
+    splits = {}
+    for split, prefix, count in (("train", "train", TRAIN), ("test", "t10k", TEST)):
+        images = idx_array(f"{prefix}-images-idx3-ubyte")[:count]
+        labels = idx_array(f"{prefix}-labels-idx1-ubyte")[:count]
+        order = numpy.argsort(labels, kind="stable")
+        splits[split] = images[order], labels[order]
+    (root / "idx").mkdir()
+    (root / "cifar").mkdir()
+    (root / "npy").mkdir()
+    for split, (images, labels) in splits.items():
+        prefix = "train" if split == "train" else "t10k"
+        write_idx(root / "idx" / f"{prefix}-images-idx3-ubyte", images)
+        write_idx(root / "idx" / f"{prefix}-labels-idx1-ubyte", labels)
+        folder = "train" if split == "train" else "val"
+        for index, (image, label) in enumerate(zip(images, labels)):
+            directory = root / "folder" / folder / f"class{label}"
+            directory.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(directory / f"{index:05d}.png")
+        name = "data_batch_1.bin" if split == "train" else "test_batch.bin"
+        cifar_records(images, labels).tofile(root / "cifar" / name)
+        numpy.save(root / "npy" / f"x_{split}.npy", images[..., None])  # NHWC
+        numpy.save(root / "npy" / f"y_{split}.npy", labels.astype(numpy.int64))
+    numpy.savez_compressed(root / "fmnist.npz", x_train=splits["train"][0], y_train=splits["train"][1],
+                           x_test=splits["test"][0], y_test=splits["test"][1])
+    paths = {"idx": root / "idx", "folder": root / "folder", "cifar": root / "cifar", "npy": root / "npy",
+             "npz": root / "fmnist.npz"}
+    return paths, splits
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+@pytest.mark.parametrize("name", ["idx", "folder", "npy", "npz"])
+def test_every_format_loads_the_idx_images_bit_for_bit(formats, name, split):
+    paths, splits = formats
+    images, labels, classes = data.load_images(paths[name], split=split)
+    expected_images, expected_labels = splits[split]
+    assert images.dtype == torch.uint8 and images.shape == (len(expected_images), 1, 28, 28)
+    assert torch.equal(images[:, 0], torch.from_numpy(expected_images.copy()))
+    assert torch.equal(labels, torch.from_numpy(expected_labels.astype(numpy.int64)))
+    assert classes == ([f"class{i}" for i in range(10)] if name == "folder" else [str(i) for i in range(10)])
+    again = data.load_images(paths[name], split=split)  # a second call gives the same answer
+    assert torch.equal(again[0], images) and torch.equal(again[1], labels)
+
+
+def test_cifar_batches_hold_the_padded_images(formats):
+    paths, splits = formats
+    for split in ("train", "test"):
+        images, labels, classes = data.load_images(paths["cifar"], split=split)
+        expected = numpy.pad(splits[split][0], ((0, 0), (2, 2), (2, 2)))
+        assert images.shape == (len(expected), 3, 32, 32) and classes == [str(i) for i in range(10)]
+        for channel in range(3):
+            assert torch.equal(images[:, channel], torch.from_numpy(expected))
+        assert torch.equal(labels, torch.from_numpy(splits[split][1].astype(numpy.int64)))
+    (paths["cifar"] / "batches.meta.txt").write_text("".join(f"name {i}\n" for i in range(10)) + "\n")
+    assert data.load_images(paths["cifar"])[2] == [f"name {i}" for i in range(10)]
+    (paths["cifar"] / "batches.meta.txt").unlink()
+
+
+def train_report(path, tmp_path, *flags):
+    report = tmp_path / f"report-{path.name}.json"
+    run = subprocess.run([BINARY, "train", "--data", str(path), "--epochs", "1", "--max-steps", "30", "--batch-size",
+                          "64", "--threads", "2", "--report", str(report), *flags], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return json.loads(report.read_text())
+
+
+@pytest.mark.skipif(not BINARY, reason="AFTERBURNER_BINARY is set by ctest")
+def test_training_on_each_format_matches_the_idx_run(formats, tmp_path):
+    paths, _ = formats
+    reference = train_report(paths["idx"], tmp_path)
+    assert reference["test_accuracy"] > 0.3  # it learnt: ten classes, 30 steps
+    for name in ("folder", "npy", "npz"):
+        report = train_report(paths[name], tmp_path)
+        assert report["test_accuracy"] == reference["test_accuracy"], name
+        assert report["evaluations"][-1]["loss"] == reference["evaluations"][-1]["loss"], name
+        described = report["data"]
+        assert (described["train_samples"], described["evaluation_samples"], described["image"]) == (TRAIN, TEST,
+                                                                                                    [1, 28, 28])
+        assert described["mean"] == reference["data"]["mean"] and described["std"] == reference["data"]["std"]
+        assert described["classes"] == ([f"class{i}" for i in range(10)] if name == "folder" else
+                                        [str(i) for i in range(10)])
+
+
+def smooth_image(height, width, channels, seed):
+    """Photograph-like pixels (JPEG's 8x8 blocks see gradients, not noise)."""
+    generator = numpy.random.default_rng(seed)
+    y, x = numpy.mgrid[0:height, 0:width]
+    planes = [127 + 100 * numpy.sin(x / (5 + c) + y / (7 + 2 * c) + generator.random() * 6) for c in range(channels)]
+    return numpy.clip(numpy.stack(planes, -1) + generator.normal(0, 8, (height, width, channels)), 0, 255).astype(
+        numpy.uint8)
+
+
+@pytest.mark.parametrize("size", [(1, 1), (17, 9), (64, 48)])
+def test_jpeg_decoding_equals_pils(tmp_path, size):
+    height, width = size
+    for index, (mode, subsampling) in enumerate((("RGB", 0), ("RGB", 1), ("RGB", 2), ("L", -1))):
+        pixels = smooth_image(height, width, 3 if mode == "RGB" else 1, index)
+        path = tmp_path / f"{mode}-{subsampling}.jpg"
+        image = Image.fromarray(pixels if mode == "RGB" else pixels[..., 0], mode)
+        image.save(path, quality=85, **({"subsampling": subsampling} if subsampling >= 0 else {}))
+        reference = numpy.asarray(Image.open(path).convert(mode))
+        decoded = data.decode_image(path)
+        expected = reference.transpose(2, 0, 1) if mode == "RGB" else reference[None]
+        assert decoded.dtype == torch.uint8 and torch.equal(decoded, torch.from_numpy(expected.copy())), path.name
+
+
+def test_png_kinds_decode_as_documented(tmp_path):
+    rgba = smooth_image(7, 5, 4, 0)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "rgba.png")
+    assert torch.equal(data.decode_image(tmp_path / "rgba.png"), torch.from_numpy(rgba[..., :3].transpose(2, 0, 1).copy()))
+    gray_alpha = smooth_image(6, 6, 2, 1)
+    Image.fromarray(gray_alpha, "LA").save(tmp_path / "la.png")
+    assert torch.equal(data.decode_image(tmp_path / "la.png"), torch.from_numpy(gray_alpha[None, ..., 0].copy()))
+    palette = Image.fromarray(smooth_image(9, 4, 3, 2), "RGB").convert("P")
+    palette.save(tmp_path / "palette.png")
+    expected = numpy.asarray(Image.open(tmp_path / "palette.png").convert("RGB")).transpose(2, 0, 1)
+    assert torch.equal(data.decode_image(tmp_path / "palette.png"), torch.from_numpy(expected.copy()))
+    deep = numpy.random.default_rng(3).integers(0, 65536, (5, 8), dtype=numpy.uint16)
+    Image.fromarray(deep).save(tmp_path / "gray16.png")  # PIL writes I;16 as a 16-bit grayscale PNG
+    rounded = (deep.astype(numpy.uint32) * 255 + 32767) // 65535
+    assert torch.equal(data.decode_image(tmp_path / "gray16.png"), torch.from_numpy(rounded.astype(numpy.uint8)[None]))
+    bilevel = numpy.random.default_rng(4).integers(0, 2, (6, 10), dtype=numpy.uint8).astype(bool)
+    Image.fromarray(bilevel).save(tmp_path / "bits.png")
+    expected = numpy.asarray(Image.open(tmp_path / "bits.png").convert("L"))
+    assert torch.equal(data.decode_image(tmp_path / "bits.png"), torch.from_numpy(expected[None].copy()))
+
+
+def test_a_folder_of_mixed_sizes_and_colours_is_resized_as_torchvision(tmp_path):
+    shapes = {"a": [(40, 30, 3), (30, 41, 1)], "b": [(32, 32, 3), (25, 60, 3), (33, 33, 1)]}
+    expected, labels = [], []
+    for label, (name, images) in enumerate(shapes.items()):
+        (tmp_path / "set" / name).mkdir(parents=True)
+        for index, (height, width, channels) in enumerate(images):
+            pixels = smooth_image(height, width, channels, 10 * label + index)
+            Image.fromarray(pixels if channels == 3 else pixels[..., 0]).save(tmp_path / "set" / name / f"{index}.png")
+            tensor = torch.from_numpy(pixels.transpose(2, 0, 1).copy()).expand(3, -1, -1)
+            expected.append(TF.center_crop(TF.resize(tensor, 24, antialias=True), 24))
+            labels.append(label)
+    images, got_labels, classes = data.load_images(tmp_path / "set", image_size=24)
+    assert classes == ["a", "b"] and got_labels.tolist() == labels
+    assert torch.equal(images, torch.stack(expected))
+    one_line_error(lambda: data.load_images(tmp_path / "set"), "0.png: 30x40 pixels, not square", "--image-size")
+    for path in (tmp_path / "set" / "a").iterdir():
+        path.unlink()
+    Image.fromarray(smooth_image(20, 20, 3, 0)).save(tmp_path / "set" / "a" / "0.png")
+    one_line_error(lambda: data.load_images(tmp_path / "set"), "b/0.png: 32x32 pixels", "a/0.png 20x20")
+
+
+def write_bytes(path, content):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
+
+
+def one_line_error(call, *fragments):
+    with pytest.raises(RuntimeError) as error:
+        call()
+    message = str(error.value).splitlines()[0]
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def test_bad_input_is_one_line_naming_the_file(tmp_path):
+    Image.fromarray(smooth_image(16, 16, 3, 0)).save(tmp_path / "good.jpg")
+    jpeg = (tmp_path / "good.jpg").read_bytes()
+    png_buffer = tmp_path / "good.png"
+    Image.fromarray(smooth_image(16, 16, 3, 1)).save(png_buffer)
+    png = png_buffer.read_bytes()
+    cases = {
+        "truncated.jpg": (jpeg[:len(jpeg) // 2], "corrupt JPEG"),
+        "truncated.png": (png[:len(png) - 20], "corrupt PNG"),
+        "text.jpg": (b"just some text\n", "not a JPEG or PNG image"),
+        "empty.png": (b"", "not a JPEG or PNG image"),
+    }
+    for name, (content, problem) in cases.items():
+        path = write_bytes(tmp_path / name, content)
+        one_line_error(lambda: data.decode_image(path), str(path), problem)
+    Image.fromarray(smooth_image(8, 8, 4, 2), "CMYK").save(tmp_path / "cmyk.jpg")
+    one_line_error(lambda: data.decode_image(tmp_path / "cmyk.jpg"), "cmyk.jpg", "CMYK")
+
+    write_bytes(tmp_path / "set" / "a" / "x.png", png)
+    (tmp_path / "set" / "b").mkdir()
+    write_bytes(tmp_path / "set" / "b" / "notes.txt", b"not an image: skipped, as ImageFolder skips it")
+    one_line_error(lambda: data.load_images(tmp_path / "set"), str(tmp_path / "set" / "b"), "no JPEG or PNG")
+    write_bytes(tmp_path / "set" / "b" / "y.bmp", b"BM")
+    one_line_error(lambda: data.load_images(tmp_path / "set"), "y.bmp", "convert it to PNG")
+    (tmp_path / "set" / "b" / "y.bmp").unlink()
+    write_bytes(tmp_path / "set" / "b" / "y.png", png[:40])
+    one_line_error(lambda: data.load_images(tmp_path / "set"), "y.png", "corrupt PNG")
+    one_line_error(lambda: data.load_images(tmp_path / "set", split="test", classes=["a"]), "b", "a class the training")
+
+    (tmp_path / "arrays").mkdir()
+    numpy.save(tmp_path / "arrays" / "x_train.npy", numpy.zeros((2, 4, 4), numpy.float32))
+    numpy.save(tmp_path / "arrays" / "y_train.npy", numpy.zeros(2, numpy.int64))
+    one_line_error(lambda: data.load_images(tmp_path / "arrays"), "x_train.npy", "uint8")
+    numpy.save(tmp_path / "arrays" / "x_train.npy", numpy.zeros((3, 4, 4), numpy.uint8))
+    one_line_error(lambda: data.load_images(tmp_path / "arrays"), "y_train.npy", "2 labels for 3 images")
+    numpy.savez(tmp_path / "partial.npz", x_train=numpy.zeros((2, 4, 4), numpy.uint8))
+    one_line_error(lambda: data.load_images(tmp_path / "partial.npz"), "partial.npz", "no array 'y_train'")
+    whole = (tmp_path / "arrays" / "y_train.npy").read_bytes()
+    write_bytes(tmp_path / "cut.npy", whole[:-3])
+    one_line_error(lambda: data.read_npy(tmp_path / "cut.npy"), "cut.npy", "truncated data")
+
+    write_bytes(tmp_path / "cifar" / "data_batch_1.bin", bytes(3073 * 2 + 5))
+    one_line_error(lambda: data.load_images(tmp_path / "cifar"), "data_batch_1.bin", "whole number of 3073-byte")
+    write_bytes(tmp_path / "cifar" / "data_batch_1.bin", bytes([12]) + bytes(3072))
+    one_line_error(lambda: data.load_images(tmp_path / "cifar"), "data_batch_1.bin", "label 12")
+    one_line_error(lambda: data.load_images(tmp_path / "nowhere"), "nowhere", "no such file or folder")
+    one_line_error(lambda: data.load_images(tmp_path / "set", format="tiff"), "--data-format", "tiff")
+
+
+@pytest.mark.skipif(not BINARY, reason="AFTERBURNER_BINARY is set by ctest")
+def test_the_cli_asks_for_an_evaluation_set_and_names_bad_data(formats, tmp_path):
+    paths, _ = formats
+    for argv, fragments in (
+            (["--data", str(paths["folder"] / "train")], ["--val-data", "--validation-split"]),
+            (["--data", str(paths["idx"]), "--image-size", "32"], ["--image-size", "resizing applies to image folders"]),
+            (["--data", str(tmp_path)], [str(tmp_path), "no dataset found"])):
+        run = subprocess.run([BINARY, "train", *argv, "--max-steps", "1"], capture_output=True, text=True)
+        assert run.returncode != 0 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+        for fragment in fragments:
+            assert fragment in run.stderr, run.stderr
+    report = train_report(paths["folder"] / "train", tmp_path, "--val-data", str(paths["folder"] / "val"))
+    assert report["test_accuracy"] == train_report(paths["folder"], tmp_path)["test_accuracy"]
+
+
+@pytest.mark.parametrize("box,size", [((0, 0, 40, 30), 16), ((5, 3, 23, 27), 24), ((7, 2, 11, 9), 32), ((0, 0, 40, 30), 1)])
+def test_the_pipelines_resampling_equals_torchvisions_resized_crop(box, size):
+    image = torch.from_numpy(smooth_image(30, 40, 3, 5).transpose(2, 0, 1).copy())
+    x, y, width, height = box
+    ours = data.resample_box(image, x, y, width, height, size)
+    reference = TF.resized_crop(image.float(), y, x, height, width, [size, size], antialias=True)
+    assert ours.shape == (3, size, size) and (ours - reference).abs().max() < 2e-3
+
+
+def test_image_folder_batches_are_the_centre_box_in_evaluation_and_random_crops_in_training(tmp_path):
+    sizes = {"a": [(300, 220), (180, 260)], "b": [(256, 256), (120, 400), (333, 333)]}
+    for name, shapes in sizes.items():
+        (tmp_path / name).mkdir()
+        for index, (height, width) in enumerate(shapes):
+            Image.fromarray(smooth_image(height, width, 3, index)).save(tmp_path / name / f"{index}.jpg", quality=95)
+    mean, std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
+    folder = data.ImageFolder(tmp_path, size=64, train=False, batch_size=5, mean=mean, std=std, workers=0,
+                              reduced_decode=False)
+    assert folder.classes == ["a", "b"] and folder.targets == [0, 0, 1, 1, 1] and len(folder) == 1
+    (images, labels), = list(folder)
+    assert images.shape == (5, 3, 64, 64) and labels.tolist() == folder.targets
+    for index, path in enumerate(folder.samples):
+        pixels = data.decode_image(path)
+        side = round(min(pixels.shape[1:]) * 224 / 256)
+        x, y = (pixels.shape[2] - side) // 2, (pixels.shape[1] - side) // 2
+        expected = (data.resample_box(pixels, x, y, side, side, 64) / 255 - torch.tensor(mean)[:, None, None]) / \
+            torch.tensor(std)[:, None, None]
+        assert (images[index] - expected).abs().max() < 1e-5, path
+    training = data.ImageFolder(tmp_path, size=64, batch_size=2, workers=2, seed=3)
+    first, again = list(training), list(data.ImageFolder(tmp_path, size=64, batch_size=2, workers=0, seed=3))
+    assert len(first) == 2 and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))
+    second = list(training)  # the next epoch: other crops
+    assert not torch.equal(first[0][0], second[0][0])
