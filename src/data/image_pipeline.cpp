@@ -179,20 +179,25 @@ struct Scratch {
   std::vector<float> columns;
 };
 
-// Where `box` of the stored image lies in the image decoded at eighths/8 (libjpeg rounds the
-// scaled size up).
-Region scaled_region(const Box& box, const ImageSize& stored, int eighths) {
-  const auto scaled = [eighths](int64_t side) { return (side * eighths + 7) / 8; };
-  const double sx = static_cast<double>(scaled(stored.width)) / stored.width;
-  const double sy = static_cast<double>(scaled(stored.height)) / stored.height;
+// The image's size decoded at eighths/8 (libjpeg rounds the scaled size up).
+ImageSize scaled_size(const ImageSize& stored, int eighths) {
+  return {(stored.width * eighths + 7) / 8, (stored.height * eighths + 7) / 8, stored.partial_decoding};
+}
+
+// Where `box` of the stored image lies in the image decoded at `scaled` size.
+Region scaled_region(const Box& box, const ImageSize& stored, const ImageSize& scaled) {
+  const double sx = static_cast<double>(scaled.width) / stored.width;
+  const double sy = static_cast<double>(scaled.height) / stored.height;
   return {box.x * sx, box.y * sy, box.width * sx, box.height * sy};
 }
 
-// The whole pixels a region touches.
-Box covering_box(const Region& region) {
-  const auto x = static_cast<int64_t>(std::floor(region.x)), y = static_cast<int64_t>(std::floor(region.y));
-  return {x, y, static_cast<int64_t>(std::ceil(region.x + region.width)) - x,
-          static_cast<int64_t>(std::ceil(region.y + region.height)) - y};
+// The whole pixels a region of an image of `size` touches (rounding cannot take it outside).
+Box covering_box(const Region& region, const ImageSize& size) {
+  const auto x = std::max<int64_t>(static_cast<int64_t>(std::floor(region.x)), 0);
+  const auto y = std::max<int64_t>(static_cast<int64_t>(std::floor(region.y)), 0);
+  const auto right = std::min<int64_t>(static_cast<int64_t>(std::ceil(region.x + region.width)), size.width);
+  const auto bottom = std::min<int64_t>(static_cast<int64_t>(std::ceil(region.y + region.height)), size.height);
+  return {x, y, right - x, bottom - y};
 }
 
 class DecodeImages : public BatchTransform {
@@ -250,8 +255,9 @@ class DecodeImages : public BatchTransform {
                                                    : centre_box(stored.width, stored.height);
     const bool reduced = options_.reduced_decode() && stored.partial_decoding;
     const int eighths = reduced ? decode_eighths(box, size) : 8;
-    const Region region = scaled_region(box, stored, eighths);
-    const Box part = covering_box(region);
+    const ImageSize scaled = scaled_size(stored, eighths);
+    const Region region = scaled_region(box, stored, scaled);
+    const Box part = covering_box(region, scaled);
     const Pixels& pixels = scratch.pixels;
     decode_pixels(bytes, length, path, eighths, scratch.pixels, reduced ? &part : nullptr);
     if (pixels.channels > options_.channels()) {

@@ -29,14 +29,6 @@ bool has_subfolder(const fs::path& dir) {
   return false;
 }
 
-// The folder of an image folder's split: train/ and val/ (else test/) when it has them.
-std::string split_folder(const std::string& dir, Split split) {
-  if (!has_split_folders(dir)) return dir;
-  if (split == Split::train) return (fs::path(dir) / "train").string();
-  const fs::path val = fs::path(dir) / "val";
-  return (fs::is_directory(val) ? val : fs::path(dir) / "test").string();
-}
-
 // The MNIST family's classes (MNIST, Fashion-MNIST, KMNIST): a label file's other values are
 // corrupt bytes, refused naming the file.
 constexpr int64_t kMnistClasses = 10;
@@ -65,6 +57,13 @@ bool has_split_folders(const std::string& dir) {
   return fs::is_directory(path / "train") && (fs::is_directory(path / "val") || fs::is_directory(path / "test"));
 }
 
+std::string image_folder_split(const std::string& dir, Split split) {
+  if (!has_split_folders(dir)) return dir;
+  if (split == Split::train) return (fs::path(dir) / "train").string();
+  const fs::path val = fs::path(dir) / "val";
+  return (fs::is_directory(val) ? val : fs::path(dir) / "test").string();
+}
+
 DataFormat detect_data_format(const std::string& path) {
   if (!fs::exists(path)) throw DataError(path, "no such file or folder");
   if (is_array_dataset(path)) return DataFormat::npy;
@@ -84,7 +83,7 @@ LabelledDataset load_images(const std::string& path, DataFormat format, Split sp
   LabelledDataset loaded;
   switch (format) {
     case DataFormat::folder:
-      return load_image_folder(split_folder(path, split), ImageFolderOptions().image_size(image_size).classes(classes));
+      return load_image_folder(image_folder_split(path, split), ImageFolderOptions().image_size(image_size).classes(classes));
     case DataFormat::idx: loaded = {load_mnist(path, split, kMnistClasses), numbered_classes(kMnistClasses)}; break;
     case DataFormat::cifar: loaded = load_cifar(path, split); break;
     case DataFormat::npy: loaded = load_array_images(path, split); break;

@@ -154,6 +154,11 @@ std::vector<ConfigField> make_fields() {
               "resize image folders' images (shorter side, antialiased) and centre-crop them to this square (0 = as "
               "stored, one square size)",
               &TrainConfig::image_size, 0),
+      text("decode",
+           "image folders: once (every image decoded into memory at --image-size) or each-epoch (decoded by the "
+           "loader's workers every epoch with RandomResizedCrop and a horizontal flip, as torchvision's ImageNet "
+           "training; evaluation on the centre crop; --image-size 224 unless given)",
+           &TrainConfig::decode, {"once", "each-epoch"}),
       integer("epochs", "passes over the training set", &TrainConfig::epochs, 1),
       integer("batch_size", "samples per micro-batch, over all data-parallel ranks together", &TrainConfig::batch_size, 1),
       integer("eval_batch_size", "samples per evaluation batch", &TrainConfig::eval_batch_size, 1),

@@ -14,6 +14,7 @@
 #include "afterburner/core/heap.h"
 #include "afterburner/core/memory_format.h"
 #include "afterburner/core/threads.h"
+#include "afterburner/data/image_pipeline.h"
 #include "afterburner/data/loader.h"
 #include "afterburner/data/sources.h"
 #include "afterburner/data/transforms.h"
@@ -52,6 +53,13 @@ void check_evaluation_set(const TrainingData& data, const std::string& source) {
     throw DataError(source, fmt::format("evaluation images of shape {}, the training images {}",
                                         c10::str(all.input.sizes().slice(1)), c10::str(train_shape)));
   }
+}
+
+// Two images as the model sees them: decoded for evaluation, or the stored ones scaled to [0, 1].
+torch::Tensor sample_images(const TrainingData& data) {
+  const torch::Tensor first = torch::arange(std::min<int64_t>(2, data.evaluation->size()), torch::kLong);
+  if (data.evaluation_transform) return (*data.evaluation_transform)(data.evaluation->get_batch(first), 0).input;
+  return data.train->get_batch(torch::arange(2, torch::kLong)).input.to(torch::kFloat).div_(255);
 }
 
 // Exact statistics of uint8 images from each channel's histogram of the 256 pixel values,
@@ -98,7 +106,7 @@ int64_t evaluation_interval(const TrainConfig& config, int64_t batches_per_epoch
 // dataset's classes stops with one line naming the file, not inside the first step.
 void check_model_fits(Model& model, const TrainingData& data, const std::string& name, bool channels_last) {
   const auto classes = static_cast<int64_t>(data.classes.size());
-  torch::Tensor images = data.train->get_batch(torch::arange(2, torch::kLong)).input.to(torch::kFloat).div_(255);
+  torch::Tensor images = sample_images(data);
   if (channels_last) images = afterburner::channels_last(images);
   const std::string input = "a batch " + c10::str(images.sizes());
   torch::Tensor logits;
@@ -204,9 +212,67 @@ torch::jit::Module load_user_model(const TrainConfig& config, const TrainingData
   return script;
 }
 
+namespace {
+
+[[noreturn]] void no_evaluation_folder(const TrainConfig& config) {
+  throw UsageError("--data", config.data + " holds one set of class folders and no val/ or test/ beside a train/: "
+                                           "give --val-data DIR or --validation-split F to evaluate on");
+}
+
+// An image folder decoded by the loader's workers each epoch (data/image_pipeline.h): training
+// images with RandomResizedCrop and a flip, evaluation ones on the centre crop, both normalised by
+// the mean and std of the centre crops of up to kStatisticsImages training images (at up to
+// kStatisticsSize pixels: the statistics hardly depend on the size).
+TrainingData load_folder_each_epoch(const TrainConfig& config) {
+  constexpr int64_t kStatisticsImages = 256, kStatisticsSize = 64;
+  if (config.augment) {
+    throw UsageError("--augment", "pads and shifts stored images; --decode each-epoch crops them at random already");
+  }
+  const int64_t size = config.image_size > 0 ? config.image_size : 224;
+  auto train = std::make_shared<const data::ImageFiles>(
+      data::list_image_folder(data::image_folder_split(config.data, data::Split::train)));
+  TrainingData data;
+  data.train = train;
+  data.classes = train->files().classes;
+  data.evaluated_on = config.validation_split > 0 ? "validation" : "test";
+  std::shared_ptr<const data::ImageFiles> evaluated = train;
+  if (config.validation_split > 0) {
+    std::tie(data.train, data.evaluation) = hold_out(train, config.validation_split, config.seed);
+  } else {
+    if (config.val_data.empty() && !data::has_split_folders(config.data)) no_evaluation_folder(config);
+    const std::string dir =
+        config.val_data.empty() ? data::image_folder_split(config.data, data::Split::test) : config.val_data;
+    evaluated = std::make_shared<const data::ImageFiles>(data::list_image_folder(dir, data.classes));
+    data.evaluation = evaluated;
+  }
+  const data::DecodeOptions centre = data::DecodeOptions().size(size).random_resized_crop(false).flip(0);
+  const int64_t sampled = std::min<int64_t>(kStatisticsImages, train->size());
+  const torch::Tensor spread = torch::linspace(0, train->size() - 1, sampled).to(torch::kLong);
+  const auto statistics = data::decode_images(train, data::DecodeOptions(centre).size(std::min(size, kStatisticsSize)));
+  const torch::Tensor pixels = (*statistics)(train->get_batch(spread), 0).input;  // in [0, 1]
+  for (int64_t c = 0; c < 3; ++c) {
+    data.mean.push_back(pixels.select(1, c).mean().item<double>());
+    data.std.push_back(pixels.select(1, c).std().item<double>());
+  }
+  data.channels = 3;
+  data.image_size = size;
+  data.train_transform = data::decode_images(train, data::DecodeOptions().size(size).mean(data.mean).std(data.std));
+  data.evaluation_transform = data::decode_images(evaluated, data::DecodeOptions(centre).mean(data.mean).std(data.std));
+  return data;
+}
+
+}  // namespace
+
 TrainingData load_training_data(const TrainConfig& config) {
   const data::DataFormat format = config.data_format == "auto" ? data::detect_data_format(config.data)
                                                                : data::parse_data_format(config.data_format);
+  if (config.decode == "each-epoch") {
+    if (format != data::DataFormat::folder) {
+      throw UsageError("--decode", fmt::format("each-epoch decodes image folders; {} holds {} data", config.data,
+                                               data::data_format_name(format)));
+    }
+    return load_folder_each_epoch(config);
+  }
   data::LabelledDataset train = data::load_images(config.data, format, data::Split::train, config.image_size);
   TrainingData data;
   data.train = train.dataset;
@@ -221,8 +287,7 @@ TrainingData load_training_data(const TrainConfig& config) {
                                         data.classes).dataset;
     check_evaluation_set(data, config.val_data);
   } else if (format == data::DataFormat::folder && !data::has_split_folders(config.data)) {
-    throw UsageError("--data", config.data + " holds one set of class folders and no val/ or test/ beside a train/: "
-                                             "give --val-data DIR or --validation-split F to evaluate on");
+    no_evaluation_folder(config);
   } else {
     data.evaluation = data::load_images(config.data, format, data::Split::test, config.image_size, data.classes).dataset;
     check_evaluation_set(data, config.data);
@@ -303,7 +368,11 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
 
   std::vector<data::TransformPtr> train_chain{data::to_float(1.0 / 255), data::normalize(data.mean, data.std)};
   if (config.augment) train_chain.push_back(data::random_crop(2));
-  auto test_chain = data::compose({data::to_float(1.0 / 255), data::normalize(data.mean, data.std)});
+  data::TransformPtr test_chain = data::compose({data::to_float(1.0 / 255), data::normalize(data.mean, data.std)});
+  if (data.train_transform) {
+    train_chain = {data.train_transform};
+    test_chain = data.evaluation_transform;
+  }
 
   torch::manual_seed(config.seed);
   LossFunction loss = config.fuse ? LossFunction(kernels::cross_entropy) : plain_cross_entropy();

@@ -303,3 +303,34 @@ def test_image_folder_batches_are_the_centre_box_in_evaluation_and_random_crops_
     assert len(first) == 2 and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))
     second = list(training)  # the next epoch: other crops
     assert not torch.equal(first[0][0], second[0][0])
+
+
+@pytest.mark.skipif(not BINARY, reason="AFTERBURNER_BINARY is set by ctest")
+def test_train_decodes_a_jpeg_folder_each_epoch_the_same_for_any_worker_count(formats, tmp_path):
+    for split, count in (("train", 48), ("val", 16)):
+        for index in range(count):
+            folder = tmp_path / "jpegs" / split / ("stripes" if index % 2 else "waves")
+            folder.mkdir(parents=True, exist_ok=True)
+            pixels = smooth_image(40 + index % 7 * 9, 50 + index % 5 * 11, 3, index)
+            if index % 2:
+                pixels[::4] = 255 - pixels[::4]
+            Image.fromarray(pixels).save(folder / f"{index:03d}.jpg", quality=90)
+    reports = []
+    for workers in ("0", "2", "2"):
+        report = tmp_path / "report.json"
+        run = subprocess.run([BINARY, "train", "--data", str(tmp_path / "jpegs"), "--decode", "each-epoch",
+                              "--image-size", "32", "--epochs", "2", "--batch-size", "8", "--workers", workers,
+                              "--report", str(report)], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        reports.append(json.loads(report.read_text()))
+    described = reports[0]["data"]
+    assert (described["train_samples"], described["evaluation_samples"], described["image"]) == (48, 16, [3, 32, 32])
+    assert described["classes"] == ["stripes", "waves"] and len(described["mean"]) == 3
+    outcome = [[(e["accuracy"], e["loss"]) for e in report["evaluations"]] for report in reports]
+    assert len(outcome[0]) == 2 and outcome[1] == outcome[0] and outcome[2] == outcome[0]
+    for argv, fragments in ((["--data", str(formats[0]["idx"]), "--decode", "each-epoch"], ["--decode", "idx data"]),
+                            (["--data", str(tmp_path / "jpegs"), "--decode", "each-epoch", "--augment"],
+                             ["--augment", "at random already"])):
+        run = subprocess.run([BINARY, "train", *argv, "--max-steps", "1"], capture_output=True, text=True)
+        assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert all(fragment in run.stderr for fragment in fragments), run.stderr

@@ -30,6 +30,10 @@ DataFormat detect_data_format(const std::string& path);
 // Whether an image folder holds its splits as train/ and val/ (or test/) folders.
 bool has_split_folders(const std::string& dir);
 
+// The folder of an image folder's split: its train/ or val/ (else test/) folder when it has them,
+// else the folder itself.
+std::string image_folder_split(const std::string& dir, Split split);
+
 // `split` of the dataset at `path`. image_size: the square side image folders are resized and
 // cropped to (0: as stored); the other formats store one size, which it must then equal.
 // classes: the training set's, when loading an evaluation set (an image folder's subfolders are

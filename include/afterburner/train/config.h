@@ -19,7 +19,8 @@ struct TrainConfig {
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string data_format = "auto";  // data/sources.h: auto, idx, folder, cifar, npy
   std::string val_data;              // a separate evaluation set (empty: --data's test split)
-  int64_t image_size = 0;            // image folders resized and cropped to this square (0 = as stored)
+  int64_t image_size = 0;            // image folders resized and cropped to this square (0 = as stored; 224 each epoch)
+  std::string decode = "once";       // image folders: "once" into memory, or "each-epoch" with random crops
   // The default recipe reaches 91% on Fashion-MNIST's cnn in the fewest samples measured
   // (docs/time-to-accuracy.md): no augmentation, Nesterov SGD at 0.1, cosine over 3 epochs.
   int64_t epochs = 3;

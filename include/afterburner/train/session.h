@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "afterburner/data/dataset.h"
+#include "afterburner/data/transforms.h"
 #include "afterburner/train/callbacks.h"
 #include "afterburner/train/config.h"
 #include "afterburner/train/replicas.h"
@@ -30,6 +31,9 @@ struct TrainingData {
   int64_t channels = 0, image_size = 0;
   std::vector<double> mean, std;  // per channel, of the training images scaled to [0, 1]
   std::vector<std::string> classes;  // label i is classes[i]
+  // Image folders decoded each epoch: the transforms that turn the datasets' batches (file
+  // indices) into normalised images; none: the datasets hold uint8 images.
+  data::TransformPtr train_transform, evaluation_transform;
 };
 
 // Whether --model names a TorchScript file to train (a path, or a name ending in .pt) rather
