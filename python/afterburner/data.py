@@ -1,4 +1,5 @@
-"""afterburner's threaded loader for tensors or numpy arrays held in memory.
+"""afterburner's threaded loaders: for tensors or numpy arrays held in memory (Loader), and for
+folders of JPEG/PNG images decoded and augmented each epoch (ImageFolder); the dataset readers.
 
     from afterburner import data
     images, labels = data.load_mnist("/usr/share/datasets/fashion-mnist", "train")  # uint8, int64

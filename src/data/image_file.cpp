@@ -2,13 +2,14 @@
 
 #include <fmt/format.h>
 #include <spng.h>
-#include <jpeglib.h>
 
 #include <csetjmp>
-#include <cstdio>
+#include <cstdio>  // before jpeglib.h, which uses FILE without including it
 #include <cstring>
 #include <memory>
 #include <vector>
+
+#include <jpeglib.h>
 
 #include "afterburner/core/error.h"
 #include "file_bytes.h"
@@ -24,6 +25,10 @@ constexpr int64_t kMaxPixels = int64_t{1} << 28;
 template <size_t N>
 bool starts_with(const uint8_t* bytes, size_t size, const uint8_t (&signature)[N]) {
   return size >= N && std::memcmp(bytes, signature, N) == 0;
+}
+
+[[noreturn]] void not_an_image(const std::string& source) {
+  throw DataError(source, "not a JPEG or PNG image (its first bytes are neither signature)");
 }
 
 // `kind` ("JPEG", "PNG") names the format in the error.
@@ -56,7 +61,7 @@ void jpeg_message(j_common_ptr info, int level) {
   if (level < 0) jpeg_fail(info);  // a warning
 }
 
-enum class JpegOutcome { decoded, failed, cmyk, empty };
+enum class JpegOutcome { decoded, failed, cmyk, unsized };
 
 // What a JPEG decode asks for: the header only, or pixels at eighths/8 of the stored size, all of
 // them or the rows and (whole-block) columns of `region` (of the scaled image).
@@ -75,7 +80,10 @@ JpegOutcome run_jpeg(jpeg_decompress_struct& info, JpegErrors& errors, const uin
   jpeg_mem_src(&info, bytes, static_cast<unsigned long>(size));
   jpeg_read_header(&info, TRUE);
   stored = {info.image_width, info.image_height};
-  if (info.image_width == 0 || info.image_height == 0) return JpegOutcome::empty;
+  if (info.image_width == 0 || info.image_height == 0 ||
+      int64_t{info.image_width} * info.image_height > kMaxPixels) {
+    return JpegOutcome::unsized;  // before any pixel is allocated
+  }
   if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) return JpegOutcome::cmyk;
   if (request.header_only) return JpegOutcome::decoded;
   info.out_color_space = info.jpeg_color_space == JCS_GRAYSCALE ? JCS_GRAYSCALE : JCS_RGB;
@@ -124,7 +132,7 @@ ImageSize decode_jpeg(const uint8_t* bytes, size_t size, const std::string& sour
     case JpegOutcome::failed: throw DataError(source, fmt::format("corrupt JPEG: {}", errors.message));
     case JpegOutcome::cmyk:
       throw DataError(source, "a CMYK JPEG: its colours depend on the software that wrote it; convert it to RGB");
-    case JpegOutcome::empty:
+    case JpegOutcome::unsized:
     case JpegOutcome::decoded: break;
   }
   check_dimensions(stored.width, stored.height, "JPEG", source);
@@ -213,10 +221,6 @@ Pixels decode_png(const uint8_t* bytes, size_t size, const std::string& source) 
 
 }  // namespace
 
-bool is_image_signature(const uint8_t* bytes, size_t size) {
-  return starts_with(bytes, size, kJpegSignature) || starts_with(bytes, size, kPngSignature);
-}
-
 ImageSize read_image_size(const uint8_t* bytes, size_t size, const std::string& source) {
   if (starts_with(bytes, size, kJpegSignature)) {
     Pixels none;
@@ -227,7 +231,7 @@ ImageSize read_image_size(const uint8_t* bytes, size_t size, const std::string& 
     png_decoder(bytes, size, header, source);
     return {header.width, header.height, false};
   }
-  throw DataError(source, "not a JPEG or PNG image (its first bytes are neither signature)");
+  not_an_image(source);
 }
 
 void decode_pixels(const uint8_t* bytes, size_t size, const std::string& source, int eighths, Pixels& into,
@@ -241,7 +245,7 @@ void decode_pixels(const uint8_t* bytes, size_t size, const std::string& source,
     into = decode_png(bytes, size, source);
     return;
   }
-  throw DataError(source, "not a JPEG or PNG image (its first bytes are neither signature)");
+  not_an_image(source);
 }
 
 Pixels decode_pixels(const uint8_t* bytes, size_t size, const std::string& source, int eighths) {

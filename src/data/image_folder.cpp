@@ -117,14 +117,14 @@ LabelledDataset load_image_folder(const std::string& dir, const ImageFolderOptio
   for (size_t i = 0; i < images.size(); ++i) {
     const torch::Tensor& image = images[i];
     if (image.size(1) != image.size(2)) {
-      throw DataError(files[i], fmt::format("{}x{} pixels, not square: give --image-size S to resize and "
-                                                     "centre-crop the images to S x S", image.size(2), image.size(1)));
+      throw DataError(files[i], fmt::format("{}x{} pixels, not square: give --image-size S to resize and centre-crop "
+                                            "the images to S x S",
+                                            image.size(2), image.size(1)));
     }
     if (image.size(1) != first.size(1)) {
-      throw DataError(files[i], fmt::format("{}x{} pixels, {} {}x{}: images of several sizes need "
-                                                     "--image-size S to be resized to one", image.size(2),
-                                                     image.size(1), files.front(), first.size(2),
-                                                     first.size(1)));
+      throw DataError(files[i], fmt::format("{}x{} pixels, {} {}x{}: images of several sizes need --image-size S to "
+                                            "be resized to one",
+                                            image.size(2), image.size(1), files.front(), first.size(2), first.size(1)));
     }
     channels = std::max(channels, image.size(0));
   }

@@ -128,6 +128,11 @@ TEST(ImageFile, BadBytesAreOneLineNamingTheSource) {
   std::string huge = png;  // the IHDR's width set to 2^30: refused before its pixels are allocated
   huge[16] = 0x40;
   EXPECT_TRUE(Contains(error_message<DataError>([&] { decoded(huge); }), "test: corrupt PNG"));
+  std::string vast = jpeg;  // its frame header's height and width set to 60000: refused before decoding
+  const size_t frame = vast.find("\xFF\xC0");
+  ASSERT_NE(frame, std::string::npos);
+  vast.replace(frame + 5, 4, "\xEA\x60\xEA\x60");
+  EXPECT_TRUE(Contains(error_message<DataError>([&] { decoded(vast); }), "60000x60000 pixels: more than"));
   TempDir dir;
   EXPECT_TRUE(Contains(error_message<DataError>([&] { decode_image_file((dir / "missing.png").string()); }),
                        "missing.png: no such file"));

@@ -60,7 +60,4 @@ torch::Tensor decode_image_file(const std::string& path);
 // Decodes the encoded bytes of one image; `source` names them in errors.
 torch::Tensor decode_image(const uint8_t* bytes, size_t size, const std::string& source);
 
-// Whether the bytes start with a JPEG or PNG signature.
-bool is_image_signature(const uint8_t* bytes, size_t size);
-
 }  // namespace afterburner::data
