@@ -14,6 +14,7 @@ packages=(
   iproute2                              # the two-host test: network namespaces joined by a veth pair
   python3-torch python3-numpy python3-pytest   # baselines, differential tests, the Python package's tests
   python3-torchvision                   # torchvision's architectures in the tests of the whole user path
+  python3-pil                           # the image tests' reference decoder (PIL, as torchvision's ImageFolder)
   clang libclang-rt-14-dev libomp-dev   # the sanitizer build and the fuzzers (.ci/run)
   dataset-fashion-mnist
 )

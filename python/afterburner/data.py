@@ -94,7 +94,7 @@ class ImageFolder(Loader):
         known = None if classes is None else list(classes)
         self.samples, self.targets, self.classes = torch.ops.afterburner.list_image_folder(str(root), known)
         self._loader = torch.ops.afterburner.image_folder_loader(
-            str(root), known, size, train, batch_size, train if shuffle is None else shuffle,
+            self.samples, self.targets, self.classes, size, train, batch_size, train if shuffle is None else shuffle,
             train if drop_last is None else drop_last, workers, prefetch, seed, channels_last,
             [float(m) for m in mean or []], [float(s) for s in std or []], float(flip) if train else 0.0,
             reduced_decode)

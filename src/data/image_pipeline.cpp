@@ -303,6 +303,8 @@ ImageFiles::ImageFiles(ImageFileList files) : files_(std::move(files)) {
   if (files_.paths.size() != files_.labels.size()) {
     throw UsageError("ImageFiles", fmt::format("{} paths and {} labels", files_.paths.size(), files_.labels.size()));
   }
+  const auto classes = static_cast<int64_t>(files_.classes.size());
+  check_labels(torch::from_blob(files_.labels.data(), {size()}, torch::kLong), classes, "ImageFiles labels");
 }
 
 int64_t ImageFiles::size() const { return static_cast<int64_t>(files_.paths.size()); }

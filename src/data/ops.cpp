@@ -101,14 +101,14 @@ std::tuple<torch::Tensor, torch::Tensor> load_mnist_op(const std::string& dir, c
 }
 
 // An image folder decoded and augmented per epoch by the loader's workers (image_pipeline.h).
-c10::intrusive_ptr<ScriptLoader> image_folder_loader_op(const std::string& dir,
-                                                        const c10::optional<std::vector<std::string>>& classes,
-                                                        int64_t size, bool train, int64_t batch_size, bool shuffle,
-                                                        bool drop_last, int64_t workers, int64_t prefetch,
-                                                        int64_t seed, bool channels_last, std::vector<double> mean,
+c10::intrusive_ptr<ScriptLoader> image_folder_loader_op(std::vector<std::string> paths, std::vector<int64_t> labels,
+                                                        std::vector<std::string> classes, int64_t size, bool train,
+                                                        int64_t batch_size, bool shuffle, bool drop_last,
+                                                        int64_t workers, int64_t prefetch, int64_t seed,
+                                                        bool channels_last, std::vector<double> mean,
                                                         std::vector<double> std, double flip, bool reduced_decode) {
-  auto files = std::make_shared<const ImageFiles>(
-      list_image_folder(dir, classes.value_or(std::vector<std::string>{})));
+  auto files =
+      std::make_shared<const ImageFiles>(ImageFileList{std::move(paths), std::move(labels), std::move(classes)});
   TransformPtr transform = decode_images(files, DecodeOptions()
                                                     .size(size)
                                                     .random_resized_crop(train)
@@ -145,7 +145,8 @@ std::tuple<torch::Tensor, torch::Tensor, std::vector<std::string>> load_images_o
     const std::string& path, const std::string& format, const std::string& split, int64_t image_size,
     const c10::optional<std::vector<std::string>>& classes) {
   const DataFormat chosen = format == "auto" ? detect_data_format(path) : parse_data_format(format);
-  const LabelledDataset loaded = load_images(path, chosen, split_named(split), image_size, classes.value_or(std::vector<std::string>{}));
+  const LabelledDataset loaded =
+      load_images(path, chosen, split_named(split), image_size, classes.value_or(std::vector<std::string>{}));
   const auto& dataset = static_cast<const TensorDataset&>(*loaded.dataset);
   return {dataset.inputs(), dataset.targets(), loaded.classes};
 }
@@ -179,10 +180,11 @@ TORCH_LIBRARY_FRAGMENT(afterburner, m) {
   m.def("load_images(str path, str format=\"auto\", str split=\"train\", int image_size=0, str[]? classes=None) "
         "-> (Tensor, Tensor, str[])",
         load_images_op);
-  // An image folder's loader, decoding and augmenting each epoch (data/image_pipeline.h); its listing.
-  m.def("image_folder_loader(str dir, str[]? classes, int size, bool train, int batch_size, bool shuffle, "
-        "bool drop_last, int workers, int prefetch, int seed, bool channels_last, float[] mean, float[] std, "
-        "float flip, bool reduced_decode) -> __torch__.torch.classes.afterburner.Loader",
+  // An image folder's listing, and a loader of its files decoding and augmenting each epoch
+  // (data/image_pipeline.h).
+  m.def("image_folder_loader(str[] paths, int[] labels, str[] classes, int size, bool train, int batch_size, "
+        "bool shuffle, bool drop_last, int workers, int prefetch, int seed, bool channels_last, float[] mean, "
+        "float[] std, float flip, bool reduced_decode) -> __torch__.torch.classes.afterburner.Loader",
         image_folder_loader_op);
   m.def("list_image_folder(str dir, str[]? classes=None) -> (str[], int[], str[])", list_image_folder_op);
   // The pipeline's resampling of one box of a uint8 [C, H, W] image to size x size (float, 0..255).

@@ -120,7 +120,8 @@ TEST(ImageFile, BadBytesAreOneLineNamingTheSource) {
       {jpeg.substr(0, 4), "corrupt JPEG"},
       {jpeg.substr(0, jpeg.size() / 2), "corrupt JPEG"},
   };
-  for (const auto& [bytes, problem] : cases) {
+  for (const auto& [content, problem] : cases) {
+    const std::string& bytes = content;  // a structured binding cannot be captured in C++17
     const std::string message = error_message<DataError>([&] { decoded(bytes); });
     EXPECT_TRUE(Contains(message, "test: " + problem));
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;

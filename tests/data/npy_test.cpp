@@ -70,7 +70,8 @@ TEST(Npy, BadFilesAreOneLineNamingThem) {
       {npy("|u1", "(2, x)", "12"), "bad .npy header: shape (2, x)"},
       {std::string("\x93NUMPY\x01\x00\xff\x00{}", 12), "truncated .npy header"},
   };
-  for (const auto& [bytes, problem] : cases) {
+  for (const auto& [content, problem] : cases) {
+    const std::string& bytes = content;  // a structured binding cannot be captured in C++17
     const std::string message = error_message<DataError>([&] { parsed(bytes); });
     EXPECT_TRUE(Contains(message, "a.npy: " + problem));
   }
