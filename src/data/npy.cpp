@@ -110,7 +110,7 @@ torch::Tensor parse_npy(const std::vector<char>& bytes, const std::string& sourc
   }
   if (fortran) std::reverse(shape.begin(), shape.end());
   torch::Tensor tensor = torch::empty(shape, type);
-  std::memcpy(tensor.data_ptr(), bytes.data() + data_start, static_cast<size_t>(count * item));
+  if (count > 0) std::memcpy(tensor.data_ptr(), bytes.data() + data_start, static_cast<size_t>(count * item));
   if (descr[0] == '>' && item > 1) {
     auto* raw = static_cast<char*>(tensor.data_ptr());
     for (int64_t i = 0; i < count; ++i) std::reverse(raw + i * item, raw + (i + 1) * item);
