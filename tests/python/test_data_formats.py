@@ -298,6 +298,10 @@ def test_image_folder_batches_are_the_centre_box_in_evaluation_and_random_crops_
         expected = (data.resample_box(pixels, x, y, side, side, 64) / 255 - torch.tensor(mean)[:, None, None]) / \
             torch.tensor(std)[:, None, None]
         assert (images[index] - expected).abs().max() < 1e-5, path
+    singles = data.ImageFolder(tmp_path, size=64, train=False, batch_size=1, mean=mean, std=std, workers=2,
+                               reduced_decode=False)
+    for _ in range(2):  # batch size 1, and a second epoch: the same images one by one
+        assert torch.equal(torch.cat([x for x, _ in singles]), images)
     training = data.ImageFolder(tmp_path, size=64, batch_size=2, workers=2, seed=3)
     first, again = list(training), list(data.ImageFolder(tmp_path, size=64, batch_size=2, workers=0, seed=3))
     assert len(first) == 2 and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))
