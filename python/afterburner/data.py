@@ -117,16 +117,22 @@ def load_mnist(directory: str, split: str = "train"):
     return torch.ops.afterburner.load_mnist(str(directory), split)
 
 
-def load_images(path: str, format: str = "auto", split: str = "train", image_size: int = 0, classes=None):
+def load_images(path: str, format: str = "auto", split: str = "train", image_size: int = 0, classes=None,
+                label_column=None):
     """(images uint8 [N, C, S, S], labels int64 [N], class names) of any dataset `afterburner train
     --data` reads: a folder of MNIST-layout IDX files, of class folders of JPEG/PNG images
     (torchvision's ImageFolder layout; with train/ and val/ inside, those are the splits), of
-    CIFAR-10/100 binary batches, or of x_train.npy and its kin, or an .npz archive. `format` is
-    'auto' (told by what `path` holds), 'idx', 'folder', 'cifar' or 'npy'; `split` 'train' or 'test'.
-    Image folders' images are resized (shorter side, antialiased) and centre-cropped to
-    `image_size` when it is not 0, and labelled by `classes` (a training folder's) when given."""
+    CIFAR-10/100 binary batches, of x_train.npy and its kin, or of a *train.csv and a *test.csv;
+    an .npz archive; a CSV file. `format` is 'auto' (told by what `path` holds), 'idx', 'folder',
+    'cifar', 'npy' or 'csv'; `split` 'train' or 'test'. Image folders' images are resized (shorter
+    side, antialiased) and centre-cropped to `image_size` when it is not 0, and labelled by
+    `classes` (a training folder's) when given. A CSV file's label is in `label_column` (a header
+    name or an index; by default the column named label, target, class or y, else the last); its
+    rows are grayscale images when they hold a square count of integers in [0, 255], else
+    features (float32 [N, F])."""
+    column = "" if label_column is None else str(label_column)
     return torch.ops.afterburner.load_images(str(path), format, split, image_size,
-                                            None if classes is None else list(classes))
+                                            None if classes is None else list(classes), column)
 
 
 def decode_image(path: str) -> torch.Tensor:

@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -36,10 +39,15 @@ void split(std::string_view line, char delimiter, std::vector<std::string_view>&
   cells.push_back(cell_text(line.substr(start)));
 }
 
-std::string read_text(const std::string& path) {
+std::ifstream open_text(const std::string& path) {
   if (!std::filesystem::exists(path)) throw DataError(path, "no such file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path, "cannot open");
+  return in;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in = open_text(path);
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
@@ -85,7 +93,91 @@ size_t label_column_index(const std::string& path, const CsvOptions& options, co
   return static_cast<size_t>(index);
 }
 
+// The first line holding more than blanks ("" when none does).
+std::string first_line(const std::string& path) {
+  std::ifstream in = open_text(path);
+  for (std::string line; std::getline(in, line);) {
+    if (!trim(line).empty()) return line;
+  }
+  return "";
+}
+
+bool is_number(std::string_view cell) {
+  float value;
+  auto [end, error] = std::from_chars(cell.data(), cell.data() + cell.size(), value);
+  return !cell.empty() && error == std::errc() && end == cell.data() + cell.size();
+}
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  return text;
+}
+
+// The header cell naming the label in the usual words ("" when none does).
+std::string conventional_label_name(const std::vector<std::string>& header) {
+  for (const char* name : {"label", "target", "class", "y"}) {
+    for (const std::string& cell : header) {
+      if (lower(cell) == name) return cell;
+    }
+  }
+  return "";
+}
+
+// Whether rows of `features` are images: integers in [0, 255], a square count of at least 8x8.
+bool holds_pixels(const torch::Tensor& features) {
+  constexpr int64_t kSmallestSide = 8;
+  const auto side = static_cast<int64_t>(std::lround(std::sqrt(double(features.size(1)))));
+  if (side < kSmallestSide || side * side != features.size(1)) return false;
+  return features.min().item<float>() >= 0 && features.max().item<float>() <= 255 &&
+         torch::equal(features, features.round());
+}
+
 }  // namespace
+
+char sniff_csv_delimiter(const std::string& path) {
+  if (lower(std::filesystem::path(path).extension().string()) == ".tsv") return '\t';
+  const std::string line = first_line(path);
+  char chosen = ',';
+  for (char candidate : {';', '\t'}) {
+    if (std::count(line.begin(), line.end(), candidate) > std::count(line.begin(), line.end(), chosen)) {
+      chosen = candidate;
+    }
+  }
+  return chosen;
+}
+
+std::vector<std::string> read_csv_header(const std::string& path, char delimiter) {
+  std::vector<std::string_view> cells;
+  const std::string line = first_line(path);
+  split(line, delimiter, cells);
+  if (line.empty() || std::all_of(cells.begin(), cells.end(), is_number)) return {};
+  return {cells.begin(), cells.end()};
+}
+
+LabelledDataset load_csv_table(const std::string& path, const std::string& label) {
+  const char delimiter = sniff_csv_delimiter(path);
+  const std::vector<std::string> header = read_csv_header(path, delimiter);
+  CsvOptions options = CsvOptions().delimiter(delimiter).header(!header.empty());
+  int64_t column = 0;
+  if (label.empty()) {
+    options.label_name(conventional_label_name(header));
+  } else if (auto [end, error] = std::from_chars(label.data(), label.data() + label.size(), column);
+             error == std::errc() && end == label.data() + label.size()) {
+    options.label_column(column);
+  } else if (header.empty()) {
+    throw UsageError("--label-column", fmt::format("'{}' names a column, but {} has no header line: give the "
+                                                   "column's index", label, path));
+  } else {
+    options.label_name(label);
+  }
+  const auto table = std::static_pointer_cast<const TensorDataset>(read_csv(path, options));
+  torch::Tensor inputs = table->inputs();
+  if (holds_pixels(inputs)) {
+    const int64_t side = std::lround(std::sqrt(double(inputs.size(1))));
+    inputs = inputs.to(torch::kByte).view({inputs.size(0), 1, side, side});
+  }
+  return {std::make_shared<TensorDataset>(inputs, table->targets()), classes_up_to_largest(table->targets(), path)};
+}
 
 DatasetPtr read_csv(const std::string& path, const CsvOptions& options) {
   const std::string text = read_text(path);

@@ -26,6 +26,17 @@ std::vector<std::string> numbered_classes(int64_t count) {
   return names;
 }
 
+std::vector<std::string> classes_up_to_largest(const torch::Tensor& labels, const std::string& source) {
+  constexpr int64_t kMostClasses = 1'000'000;
+  if (labels.numel() == 0) return {};
+  const int64_t largest = labels.max().item<int64_t>();
+  if (largest >= kMostClasses) {
+    throw DataError(source, fmt::format("label {} is not a class index (classes are numbered from 0, below {})",
+                                        largest, kMostClasses));
+  }
+  return numbered_classes(largest + 1);
+}
+
 void check_labels(const torch::Tensor& labels, int64_t classes, const std::string& source) {
   auto values = labels.to(torch::kLong).contiguous();
   const int64_t* label = values.data_ptr<int64_t>();

@@ -193,9 +193,9 @@ LabelledDataset load_array_images(const std::string& path, Split split) {
   const int64_t smallest = labels.numel() ? labels.min().item<int64_t>() : 0;
   if (smallest < 0) throw DataError(y_source, fmt::format("label {}: labels count classes from 0", smallest));
   const torch::Tensor training_labels = split == Split::train ? labels : array("y_train").first.to(torch::kLong);
-  const int64_t classes = training_labels.numel() ? training_labels.max().item<int64_t>() + 1 : 0;
-  check_labels(labels, classes, y_source);
-  return {std::make_shared<TensorDataset>(images, labels), numbered_classes(classes)};
+  const std::vector<std::string> classes = classes_up_to_largest(training_labels, y_source);
+  check_labels(labels, static_cast<int64_t>(classes.size()), y_source);
+  return {std::make_shared<TensorDataset>(images, labels), classes};
 }
 
 }  // namespace afterburner::data

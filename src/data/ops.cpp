@@ -143,10 +143,13 @@ torch::Tensor resample_box_op(const torch::Tensor& image, int64_t x, int64_t y, 
 
 std::tuple<torch::Tensor, torch::Tensor, std::vector<std::string>> load_images_op(
     const std::string& path, const std::string& format, const std::string& split, int64_t image_size,
-    const c10::optional<std::vector<std::string>>& classes) {
+    const c10::optional<std::vector<std::string>>& classes, const std::string& label_column) {
   const DataFormat chosen = format == "auto" ? detect_data_format(path) : parse_data_format(format);
-  const LabelledDataset loaded =
-      load_images(path, chosen, split_named(split), image_size, classes.value_or(std::vector<std::string>{}));
+  const LabelledDataset loaded = load_images(path, chosen, split_named(split),
+                                             SourceOptions()
+                                                 .image_size(image_size)
+                                                 .classes(classes.value_or(std::vector<std::string>{}))
+                                                 .label_column(label_column));
   const auto& dataset = static_cast<const TensorDataset&>(*loaded.dataset);
   return {dataset.inputs(), dataset.targets(), loaded.classes};
 }
@@ -175,10 +178,10 @@ TORCH_LIBRARY_FRAGMENT(afterburner, m) {
   m.def("read_idx(str path) -> Tensor", [](const std::string& path) { return read_idx(path); });
   // <dir>/{train,t10k}-*-ubyte[.gz] (the MNIST layout): images uint8 [N, 1, 28, 28], labels int64 [N].
   m.def("load_mnist(str dir, str split) -> (Tensor, Tensor)", load_mnist_op);
-  // Any dataset `afterburner train --data` reads (data/sources.h): images uint8 [N, C, S, S], labels
-  // int64 [N] and the class names.
-  m.def("load_images(str path, str format=\"auto\", str split=\"train\", int image_size=0, str[]? classes=None) "
-        "-> (Tensor, Tensor, str[])",
+  // Any dataset `afterburner train --data` reads (data/sources.h): images uint8 [N, C, S, S] (or a
+  // table's features float [N, F]), labels int64 [N] and the class names.
+  m.def("load_images(str path, str format=\"auto\", str split=\"train\", int image_size=0, str[]? classes=None, "
+        "str label_column=\"\") -> (Tensor, Tensor, str[])",
         load_images_op);
   // An image folder's listing, and a loader of its files decoding and augmenting each epoch
   // (data/image_pipeline.h).

@@ -2,10 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
+#include <cstring>
 #include <filesystem>
 
 #include "afterburner/core/error.h"
 #include "afterburner/data/cifar.h"
+#include "afterburner/data/csv.h"
 #include "afterburner/data/idx.h"
 #include "afterburner/data/image_folder.h"
 #include "afterburner/data/npy.h"
@@ -15,7 +18,36 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr DataFormat kFormats[] = {DataFormat::idx, DataFormat::folder, DataFormat::cifar, DataFormat::npy};
+constexpr DataFormat kFormats[] = {DataFormat::idx, DataFormat::folder, DataFormat::cifar, DataFormat::npy,
+                                   DataFormat::csv};
+
+bool is_csv_file(const fs::path& path) {
+  std::string extension = path.extension().string();
+  for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return (extension == ".csv" || extension == ".tsv") && !fs::is_directory(path);
+}
+
+// A CSV folder's file for `split`: the one whose name (before .csv) ends with "train", or with
+// "test" (else "val") for the test split ("" when there is none, or more than one).
+std::string csv_split_file(const fs::path& dir, Split split) {
+  std::vector<std::string> found;
+  for (const char* suffix : split == Split::train ? std::vector<const char*>{"train"}
+                                                  : std::vector<const char*>{"test", "val"}) {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string stem = entry.path().stem().string();
+      const size_t length = std::strlen(suffix);
+      if (is_csv_file(entry.path()) && stem.size() >= length && stem.compare(stem.size() - length, length, suffix) == 0) {
+        found.push_back(entry.path().string());
+      }
+    }
+    if (!found.empty()) break;
+  }
+  return found.size() == 1 ? found.front() : "";
+}
+
+bool is_csv_folder(const fs::path& dir) {
+  return !csv_split_file(dir, Split::train).empty() && !csv_split_file(dir, Split::test).empty();
+}
 
 bool is_idx_folder(const fs::path& dir) {
   return fs::exists(dir / "train-images-idx3-ubyte") || fs::exists(dir / "train-images-idx3-ubyte.gz") ||
@@ -33,13 +65,24 @@ bool has_subfolder(const fs::path& dir) {
 // corrupt bytes, refused naming the file.
 constexpr int64_t kMnistClasses = 10;
 
+// The CSV file holding `split` of the dataset at `path`: the file itself, or the folder's file.
+std::string csv_file(const std::string& path, Split split) {
+  if (!fs::is_directory(path)) return path;
+  std::string file = csv_split_file(path, split);
+  if (file.empty()) {
+    throw DataError(path, fmt::format("expected one CSV file whose name ends with '{}' (before .csv)",
+                                      split == Split::train ? "train" : "test"));
+  }
+  return file;
+}
+
 }  // namespace
 
 DataFormat parse_data_format(const std::string& name) {
   for (DataFormat format : kFormats) {
     if (name == data_format_name(format)) return format;
   }
-  throw UsageError("--data-format", fmt::format("'{}' is not one of idx, folder, cifar, npy (or auto)", name));
+  throw UsageError("--data-format", fmt::format("'{}' is not one of idx, folder, cifar, npy, csv (or auto)", name));
 }
 
 const char* data_format_name(DataFormat format) {
@@ -48,6 +91,7 @@ const char* data_format_name(DataFormat format) {
     case DataFormat::folder: return "folder";
     case DataFormat::cifar: return "cifar";
     case DataFormat::npy: return "npy";
+    case DataFormat::csv: return "csv";
   }
   return "unknown";
 }
@@ -55,6 +99,12 @@ const char* data_format_name(DataFormat format) {
 bool has_split_folders(const std::string& dir) {
   const fs::path path(dir);
   return fs::is_directory(path / "train") && (fs::is_directory(path / "val") || fs::is_directory(path / "test"));
+}
+
+bool holds_test_split(const std::string& path, DataFormat format) {
+  if (format == DataFormat::folder) return has_split_folders(path);
+  if (format == DataFormat::csv) return fs::is_directory(path);
+  return true;
 }
 
 std::string image_folder_split(const std::string& dir, Split split) {
@@ -67,28 +117,37 @@ std::string image_folder_split(const std::string& dir, Split split) {
 DataFormat detect_data_format(const std::string& path) {
   if (!fs::exists(path)) throw DataError(path, "no such file or folder");
   if (is_array_dataset(path)) return DataFormat::npy;
+  if (is_csv_file(path)) return DataFormat::csv;
   if (!fs::is_directory(path)) {
     throw DataError(path, "not a dataset: expected a folder (IDX files, CIFAR batches, class folders, .npy "
-                          "arrays) or an .npz archive");
+                          "arrays, train and test CSV files), an .npz archive or a .csv file");
   }
   if (is_idx_folder(path)) return DataFormat::idx;
   if (is_cifar_folder(path)) return DataFormat::cifar;
+  if (is_csv_folder(path)) return DataFormat::csv;
   if (has_subfolder(path)) return DataFormat::folder;
   throw DataError(path, "no dataset found in it: expected MNIST-layout IDX files, CIFAR binary batches, "
-                        "x_train.npy and its kin, or one folder of images per class");
+                        "x_train.npy and its kin, a *train.csv and a *test.csv, or one folder of images per class");
 }
 
-LabelledDataset load_images(const std::string& path, DataFormat format, Split split, int64_t image_size,
-                            const std::vector<std::string>& classes) {
+LabelledDataset load_images(const std::string& path, DataFormat format, Split split, const SourceOptions& options) {
+  const int64_t image_size = options.image_size();
   LabelledDataset loaded;
   switch (format) {
     case DataFormat::folder:
-      return load_image_folder(image_folder_split(path, split), ImageFolderOptions().image_size(image_size).classes(classes));
+      return load_image_folder(image_folder_split(path, split),
+                               ImageFolderOptions().image_size(image_size).classes(options.classes()));
     case DataFormat::idx: loaded = {load_mnist(path, split, kMnistClasses), numbered_classes(kMnistClasses)}; break;
     case DataFormat::cifar: loaded = load_cifar(path, split); break;
     case DataFormat::npy: loaded = load_array_images(path, split); break;
+    case DataFormat::csv: loaded = load_csv_table(csv_file(path, split), options.label_column()); break;
   }
-  const int64_t stored = loaded.dataset->get_batch(torch::zeros({1}, torch::kLong)).input.size(-1);
+  if (format == DataFormat::csv && !options.classes().empty()) loaded.classes = options.classes();
+  const torch::Tensor first = loaded.dataset->get_batch(torch::zeros({1}, torch::kLong)).input;
+  if (image_size > 0 && first.dim() == 2) {
+    throw UsageError("--image-size", fmt::format("{} holds a table of {} features, not images", path, first.size(1)));
+  }
+  const int64_t stored = first.size(-1);
   if (image_size > 0 && image_size != stored) {
     throw UsageError("--image-size", fmt::format("{} stores {}x{} images; resizing applies to image folders only",
                                                  path, stored, stored));

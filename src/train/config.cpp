@@ -143,11 +143,16 @@ std::vector<ConfigField> make_fields() {
            &TrainConfig::model),
       path("data",
            "the training images: a folder of MNIST-format IDX files, of class folders of JPEG/PNG images (with "
-           "train/ and val/ inside, or one set), of CIFAR-10/100 binary batches, or of x_train.npy and its kin, or "
-           "an .npz archive",
+           "train/ and val/ inside, or one set), of CIFAR-10/100 binary batches, of x_train.npy and its kin, or of "
+           "a *train.csv and a *test.csv; an .npz archive; a CSV file (one set; pixel rows of a square count are "
+           "grayscale images, other rows features)",
            &TrainConfig::data),
-      text("data_format", "auto (told by what --data holds), idx, folder, cifar or npy", &TrainConfig::data_format,
-           {"auto", "idx", "folder", "cifar", "npy"}),
+      text("data_format", "auto (told by what --data holds), idx, folder, cifar, npy or csv", &TrainConfig::data_format,
+           {"auto", "idx", "folder", "cifar", "npy", "csv"}),
+      text("label_column",
+           "a CSV file's label column, by header name or index (default: the column named label, target, class "
+           "or y, else the last)",
+           &TrainConfig::label_column),
       path("val_data", "evaluate on this dataset (its test split, or its class folders) instead of --data's",
            &TrainConfig::val_data),
       integer("image_size",

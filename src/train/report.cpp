@@ -35,7 +35,7 @@ nlohmann::json TrainReport::to_json() const {
                    {"data",
                     {{"train_samples", data.train_samples},
                      {"evaluation_samples", data.evaluation_samples},
-                     {"image", data.image},
+                     {"sample", data.sample},
                      {"classes", data.classes},
                      {"mean", data.mean},
                      {"std", data.std}}},
@@ -72,8 +72,10 @@ std::string TrainReport::summary() const {
     constexpr size_t kNamed = 6;  // class names shown; the report's JSON has them all
     const std::vector<std::string> named(data.classes.begin(),
                                          data.classes.begin() + std::min(kNamed, data.classes.size()));
-    text += fmt::format("data               {} training images {}, {} {}, {} classes ({}{})\n", data.train_samples,
-                        fmt::join(data.image, "x"), data.evaluation_samples, evaluated_on, data.classes.size(),
+    const std::string sample = data.sample.size() == 1 ? fmt::format("rows of {} features", data.sample[0])
+                                                       : fmt::format("images {}", fmt::join(data.sample, "x"));
+    text += fmt::format("data               {} training {}, {} {}, {} classes ({}{})\n", data.train_samples, sample,
+                        data.evaluation_samples, evaluated_on, data.classes.size(),
                         fmt::join(named, ", "), data.classes.size() > kNamed ? ", ..." : "");
   }
   if (world_size > 1) {

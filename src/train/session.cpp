@@ -64,11 +64,8 @@ torch::Tensor sample_images(const TrainingData& data) {
 
 // Exact statistics of uint8 images from each channel's histogram of the 256 pixel values,
 // without a floating-point copy of the whole set.
-void describe_images(const data::Dataset& dataset, TrainingData& stats) {
-  auto all = dataset.get_batch(torch::arange(dataset.size())).input;
-  if (all.scalar_type() != torch::kByte || all.dim() != 4 || all.size(2) != all.size(3)) {
-    throw UsageError("--data", "expected square uint8 images [N, C, H, W]");
-  }
+void describe_images(const torch::Tensor& all, TrainingData& stats) {
+  if (all.dim() != 4 || all.size(2) != all.size(3)) throw UsageError("--data", "expected square uint8 images [N, C, H, W]");
   stats.channels = all.size(1);
   stats.image_size = all.size(2);
   auto levels = torch::arange(256, torch::kDouble).div_(255.0);
@@ -80,6 +77,30 @@ void describe_images(const data::Dataset& dataset, TrainingData& stats) {
     stats.mean.push_back(mean);
     stats.std.push_back(std::sqrt(var));
   }
+}
+
+// A table's rows are standardised per feature (in double precision); a constant feature keeps
+// its scale (std 1), as scikit-learn's StandardScaler does.
+void describe_features(const torch::Tensor& all, TrainingData& stats) {
+  stats.features = stats.channels = all.size(1);
+  stats.image_size = 1;  // the zoo's mlp then takes `features` inputs
+  const torch::Tensor values = all.to(torch::kDouble);
+  const torch::Tensor mean = values.mean(0);
+  const torch::Tensor std = all.size(0) > 1 ? values.std(0) : torch::zeros_like(mean);
+  for (int64_t f = 0; f < stats.features; ++f) {
+    stats.mean.push_back(mean[f].item<double>());
+    const double spread = std[f].item<double>();
+    stats.std.push_back(spread > 0 ? spread : 1.0);
+  }
+  stats.train_transform = stats.evaluation_transform = data::normalize(stats.mean, stats.std);
+}
+
+void describe_data(const data::Dataset& dataset, TrainingData& stats) {
+  const torch::Tensor all = dataset.get_batch(torch::arange(dataset.size())).input;
+  if (all.scalar_type() == torch::kByte) return describe_images(all, stats);
+  if (all.dim() == 2 && all.scalar_type() == torch::kFloat) return describe_features(all, stats);
+  throw UsageError("--data", "expected square uint8 images [N, C, H, W] or float features [N, F], got " +
+                                 c10::str(all.scalar_type(), " ", all.sizes()));
 }
 
 bool convolves(const Model& model) {
@@ -214,9 +235,12 @@ torch::jit::Module load_user_model(const TrainConfig& config, const TrainingData
 
 namespace {
 
-[[noreturn]] void no_evaluation_folder(const TrainConfig& config) {
-  throw UsageError("--data", config.data + " holds one set of class folders and no val/ or test/ beside a train/: "
-                                           "give --val-data DIR or --validation-split F to evaluate on");
+[[noreturn]] void no_evaluation_set(const TrainConfig& config, data::DataFormat format) {
+  const std::string holds = format == data::DataFormat::csv
+                                ? "is one CSV file (a folder of a *train.csv and a *test.csv holds both sets)"
+                                : "holds one set of class folders and no val/ or test/ beside a train/";
+  throw UsageError("--data", config.data + " " + holds + ": give --val-data PATH or --validation-split F to "
+                                                         "evaluate on");
 }
 
 // An image folder decoded by the loader's workers each epoch (data/image_pipeline.h): training
@@ -239,7 +263,7 @@ TrainingData load_folder_each_epoch(const TrainConfig& config) {
   if (config.validation_split > 0) {
     std::tie(data.train, data.evaluation) = hold_out(train, config.validation_split, config.seed);
   } else {
-    if (config.val_data.empty() && !data::has_split_folders(config.data)) no_evaluation_folder(config);
+    if (config.val_data.empty() && !data::has_split_folders(config.data)) no_evaluation_set(config, data::DataFormat::folder);
     const std::string dir =
         config.val_data.empty() ? data::image_folder_split(config.data, data::Split::test) : config.val_data;
     evaluated = std::make_shared<const data::ImageFiles>(data::list_image_folder(dir, data.classes));
@@ -273,26 +297,30 @@ TrainingData load_training_data(const TrainConfig& config) {
     }
     return load_folder_each_epoch(config);
   }
-  data::LabelledDataset train = data::load_images(config.data, format, data::Split::train, config.image_size);
+  const data::SourceOptions source = data::SourceOptions().image_size(config.image_size).label_column(config.label_column);
+  data::LabelledDataset train = data::load_images(config.data, format, data::Split::train, source);
   TrainingData data;
   data.train = train.dataset;
   data.classes = train.classes;
   data.evaluated_on = config.validation_split > 0 ? "validation" : "test";
+  const data::SourceOptions evaluation_source = data::SourceOptions(source).classes(data.classes);
   if (config.validation_split > 0) {
     std::tie(data.train, data.evaluation) = hold_out(data.train, config.validation_split, config.seed);
   } else if (!config.val_data.empty()) {
     const data::DataFormat val_format = config.data_format == "auto" ? data::detect_data_format(config.val_data)
                                                                      : format;
-    data.evaluation = data::load_images(config.val_data, val_format, data::Split::test, config.image_size,
-                                        data.classes).dataset;
+    data.evaluation = data::load_images(config.val_data, val_format, data::Split::test, evaluation_source).dataset;
     check_evaluation_set(data, config.val_data);
-  } else if (format == data::DataFormat::folder && !data::has_split_folders(config.data)) {
-    no_evaluation_folder(config);
+  } else if (!data::holds_test_split(config.data, format)) {
+    no_evaluation_set(config, format);
   } else {
-    data.evaluation = data::load_images(config.data, format, data::Split::test, config.image_size, data.classes).dataset;
+    data.evaluation = data::load_images(config.data, format, data::Split::test, evaluation_source).dataset;
     check_evaluation_set(data, config.data);
   }
-  describe_images(*data.train, data);
+  describe_data(*data.train, data);
+  if (data.features > 0 && config.augment) {
+    throw UsageError("--augment", "pads and shifts images; " + config.data + " holds rows of features");
+  }
   return data;
 }
 
@@ -322,6 +350,10 @@ struct TrainingSession::Parts {
 // runs, fused and checkpointed as asked, which shares every parameter with `model`.
 Model TrainingSession::Parts::zoo_model(const TrainConfig& config, const TrainingData& data,
                                         const DataParallelism& parallel) {
+  if (data.features > 0 && config.model != "mlp") {
+    throw UsageError("--model", fmt::format("{} takes images; {} holds rows of {} features: train the mlp (or a "
+                                            "model file)", config.model, config.data, data.features));
+  }
   model = models::make_model(config.model, models::ModelOptions()
                                                .in_channels(data.channels)
                                                .num_classes(static_cast<int64_t>(data.classes.size()))
@@ -356,8 +388,9 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   auto& p = *parts_;
   p.config = config;
   p.evaluated_on = data.evaluated_on;
-  p.data = {data.train->size(), data.evaluation->size(), {data.channels, data.image_size, data.image_size},
-            data.classes, data.mean, data.std};
+  const std::vector<int64_t> sample = data.features > 0 ? std::vector<int64_t>{data.features}
+                                                        : std::vector<int64_t>{data.channels, data.image_size, data.image_size};
+  p.data = {data.train->size(), data.evaluation->size(), sample, data.classes, data.mean, data.std};
   ThreadsGuard threads(p.threads());
   p.device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   const Precision precision = resolve_precision(config.precision, p.device);

@@ -170,7 +170,8 @@ TEST(Sources, FormatsByNameAndDetection) {
   EXPECT_TRUE(has_split_folders(dir.path().string()));
   EXPECT_FALSE(has_split_folders((dir / "train").string()));
   EXPECT_TRUE(Contains(error_message<UsageError>([] {
-                         load_images(testing::fashion_mnist_dir().string(), DataFormat::idx, Split::test, 32);
+                         load_images(testing::fashion_mnist_dir().string(), DataFormat::idx, Split::test,
+                                     SourceOptions().image_size(32));
                        }),
                        "--image-size: "));
 }

@@ -1,7 +1,7 @@
 """Users' datasets in every format `afterburner train --data` reads, against independent readers:
 Fashion-MNIST written as IDX files, a folder of PNGs per class, CIFAR-style binary batches, an .npz
-archive and a folder of .npy arrays loads to the IDX tensors bit for bit and trains to the same
-accuracy; JPEG and PNG decoding equals PIL's; resizing equals torchvision's; bad input is one line."""
+archive, a folder of .npy arrays and Kaggle's CSV layout loads to the IDX tensors bit for bit and
+trains to the same accuracy; tables of features load and train as numpy reads them; JPEG and PNG decoding equals PIL's; resizing equals torchvision's; bad input is one line."""
 import gzip
 import json
 import os
@@ -39,6 +39,14 @@ def cifar_records(images, labels):
     return numpy.concatenate([labels[:, None], planes.reshape(len(images), -1)], axis=1).astype(numpy.uint8)
 
 
+def write_pixel_csv(path, images, labels):
+    """Kaggle's layout of the MNIST family: a header, then the label and the pixels row by row."""
+    pixels = images.reshape(len(images), -1)
+    header = "label," + ",".join(f"pixel{i + 1}" for i in range(pixels.shape[1]))
+    rows = [",".join(map(str, [label, *row])) for label, row in zip(labels, pixels)]
+    path.write_text("\n".join([header, *rows]) + "\n")
+
+
 @pytest.fixture(scope="module")
 def formats(tmp_path_factory):
     """The first TRAIN and TEST Fashion-MNIST items, each split in label order (so that a folder per
@@ -53,6 +61,7 @@ def formats(tmp_path_factory):
     (root / "idx").mkdir()
     (root / "cifar").mkdir()
     (root / "npy").mkdir()
+    (root / "csv").mkdir()
     for split, (images, labels) in splits.items():
         prefix = "train" if split == "train" else "t10k"
         write_idx(root / "idx" / f"{prefix}-images-idx3-ubyte", images)
@@ -66,15 +75,16 @@ def formats(tmp_path_factory):
         cifar_records(images, labels).tofile(root / "cifar" / name)
         numpy.save(root / "npy" / f"x_{split}.npy", images[..., None])  # NHWC
         numpy.save(root / "npy" / f"y_{split}.npy", labels.astype(numpy.int64))
+        write_pixel_csv(root / "csv" / f"fashion-mnist_{split}.csv", images, labels)
     numpy.savez_compressed(root / "fmnist.npz", x_train=splits["train"][0], y_train=splits["train"][1],
                            x_test=splits["test"][0], y_test=splits["test"][1])
     paths = {"idx": root / "idx", "folder": root / "folder", "cifar": root / "cifar", "npy": root / "npy",
-             "npz": root / "fmnist.npz"}
+             "npz": root / "fmnist.npz", "csv": root / "csv"}
     return paths, splits
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
-@pytest.mark.parametrize("name", ["idx", "folder", "npy", "npz"])
+@pytest.mark.parametrize("name", ["idx", "folder", "npy", "npz", "csv"])
 def test_every_format_loads_the_idx_images_bit_for_bit(formats, name, split):
     paths, splits = formats
     images, labels, classes = data.load_images(paths[name], split=split)
@@ -101,10 +111,10 @@ def test_cifar_batches_hold_the_padded_images(formats):
     (paths["cifar"] / "batches.meta.txt").unlink()
 
 
-def train_report(path, tmp_path, *flags):
+def train_report(path, tmp_path, *flags, length=("--epochs", "1", "--max-steps", "30", "--batch-size", "64")):
     report = tmp_path / f"report-{path.name}.json"
-    run = subprocess.run([BINARY, "train", "--data", str(path), "--epochs", "1", "--max-steps", "30", "--batch-size",
-                          "64", "--threads", "2", "--report", str(report), *flags], capture_output=True, text=True)
+    run = subprocess.run([BINARY, "train", "--data", str(path), *length, "--threads", "2", "--report", str(report),
+                          *flags], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     return json.loads(report.read_text())
 
@@ -114,12 +124,12 @@ def test_training_on_each_format_matches_the_idx_run(formats, tmp_path):
     paths, _ = formats
     reference = train_report(paths["idx"], tmp_path)
     assert reference["test_accuracy"] > 0.3  # it learnt: ten classes, 30 steps
-    for name in ("folder", "npy", "npz"):
+    for name in ("folder", "npy", "npz", "csv"):
         report = train_report(paths[name], tmp_path)
         assert report["test_accuracy"] == reference["test_accuracy"], name
         assert report["evaluations"][-1]["loss"] == reference["evaluations"][-1]["loss"], name
         described = report["data"]
-        assert (described["train_samples"], described["evaluation_samples"], described["image"]) == (TRAIN, TEST,
+        assert (described["train_samples"], described["evaluation_samples"], described["sample"]) == (TRAIN, TEST,
                                                                                                     [1, 28, 28])
         assert described["mean"] == reference["data"]["mean"] and described["std"] == reference["data"]["std"]
         assert described["classes"] == ([f"class{i}" for i in range(10)] if name == "folder" else
@@ -328,7 +338,7 @@ def test_train_decodes_a_jpeg_folder_each_epoch_the_same_for_any_worker_count(fo
         assert run.returncode == 0, run.stderr
         reports.append(json.loads(report.read_text()))
     described = reports[0]["data"]
-    assert (described["train_samples"], described["evaluation_samples"], described["image"]) == (48, 16, [3, 32, 32])
+    assert (described["train_samples"], described["evaluation_samples"], described["sample"]) == (48, 16, [3, 32, 32])
     assert described["classes"] == ["stripes", "waves"] and len(described["mean"]) == 3
     outcome = [[(e["accuracy"], e["loss"]) for e in report["evaluations"]] for report in reports]
     assert len(outcome[0]) == 2 and outcome[1] == outcome[0] and outcome[2] == outcome[0]
@@ -336,5 +346,86 @@ def test_train_decodes_a_jpeg_folder_each_epoch_the_same_for_any_worker_count(fo
                             (["--data", str(tmp_path / "jpegs"), "--decode", "each-epoch", "--augment"],
                              ["--augment", "at random already"])):
         run = subprocess.run([BINARY, "train", *argv, "--max-steps", "1"], capture_output=True, text=True)
+        assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert all(fragment in run.stderr for fragment in fragments), run.stderr
+
+
+def blobs(rows, seed):
+    """Three separable classes of 5 features (one of them constant), in multiples of 1/64 so that
+    every reader parses them to the same float32."""
+    generator = numpy.random.default_rng(seed)
+    labels = generator.integers(0, 3, rows)
+    features = generator.normal(size=(rows, 5)) + labels[:, None] * numpy.array([3.0, -2.0, 0.0, 1.5, 0.0])
+    features[:, 2] = 7.25
+    return numpy.round(features * 64) / 64, labels
+
+
+def write_table(path, features, labels, delimiter=",", header=True):
+    """The label in the middle, named 'Target', as exported tables often have it."""
+    cells = [[*(repr(v) for v in row[:3]), str(label), *(repr(v) for v in row[3:])]
+             for row, label in zip(features, labels)]
+    lines = ([delimiter.join(["a", "b", "c", "Target", "d", "e"])] if header else []) + [delimiter.join(c) for c in cells]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_table_of_features_loads_as_numpy_reads_it(tmp_path):
+    features, labels = blobs(40, 0)
+    expected = torch.from_numpy(features.astype(numpy.float32))
+    for name, delimiter, header, column in (("t.csv", ",", True, None), ("t.tsv", "\t", True, "Target"),
+                                            ("semi.csv", ";", True, 3), ("bare.csv", ",", False, 3)):
+        path = write_table(tmp_path / name, features, labels, delimiter, header)
+        for _ in range(2):  # a second call gives the same answer
+            loaded, targets, classes = data.load_images(path, label_column=column)
+            assert loaded.dtype == torch.float32 and torch.equal(loaded, expected), name
+            assert torch.equal(targets, torch.from_numpy(labels)) and classes == ["0", "1", "2"], name
+    # Without a header or a label column, the label is the last column: here a feature's value.
+    one_line_error(lambda: data.load_images(tmp_path / "bare.csv"), "bare.csv:1:6", "expected an integer label")
+    one_line_error(lambda: data.load_images(tmp_path / "t.csv", label_column="species"), "t.csv", "'species'")
+    one_line_error(lambda: data.load_images(tmp_path / "bare.csv", label_column="Target"), "--label-column",
+                   "no header line")
+    (tmp_path / "odd.csv").write_text("a,label\n1.5,0\nx,1\n")
+    one_line_error(lambda: data.load_images(tmp_path / "odd.csv"), "odd.csv:3:1", "expected a number, got 'x'")
+    (tmp_path / "short.csv").write_text("a,b,label\n1,2,0\n3,1\n")
+    one_line_error(lambda: data.load_images(tmp_path / "short.csv"), "short.csv:3", "expected 3 fields, got 2")
+    # Square rows of pixel values are images; one more column, or a value beyond 255, is a table.
+    pixels = numpy.random.default_rng(1).integers(0, 256, (6, 64))
+    for extra, shape in ((None, (6, 1, 8, 8)), (1, (6, 65)), (256, (6, 64))):
+        rows = numpy.concatenate([pixels, numpy.full((6, 1), extra)], axis=1) if extra == 1 else pixels.copy()
+        if extra == 256:
+            rows[0, 0] = 256
+        (tmp_path / "pixels.csv").write_text("".join(",".join(map(str, [i % 2, *row])) + "\n"
+                                                     for i, row in enumerate(rows)))
+        loaded = data.load_images(tmp_path / "pixels.csv", label_column=0)[0]
+        assert loaded.shape == shape
+        assert loaded.dtype == (torch.uint8 if len(shape) == 4 else torch.float32)
+        assert torch.equal(loaded.reshape(6, -1).double(), torch.from_numpy(rows).double())
+
+
+@pytest.mark.skipif(not BINARY, reason="AFTERBURNER_BINARY is set by ctest")
+def test_train_learns_a_table_standardised_per_feature(tmp_path):
+    train_features, train_labels = blobs(600, 2)
+    write_table(tmp_path / "train.csv", train_features, train_labels)
+    write_table(tmp_path / "test.csv", *blobs(200, 3))
+    length = ("--epochs", "3", "--batch-size", "32", "--lr", "0.02")
+    report = train_report(tmp_path / "train.csv", tmp_path, "--val-data", str(tmp_path / "test.csv"), "--model", "mlp",
+                          length=length)
+    assert report["test_accuracy"] > 0.9
+    described = report["data"]
+    assert (described["train_samples"], described["evaluation_samples"], described["sample"]) == (600, 200, [5])
+    assert numpy.allclose(described["mean"], train_features.mean(0), rtol=1e-12, atol=1e-12)
+    spread = train_features.std(0, ddof=1)
+    spread[spread == 0] = 1  # a constant feature keeps its scale, as StandardScaler's
+    assert numpy.allclose(described["std"], spread, rtol=1e-12)
+    # The same folder holding both files is one dataset with both splits.
+    same = train_report(tmp_path, tmp_path, "--model", "mlp", length=length)
+    assert same["test_accuracy"] == report["test_accuracy"]
+    for argv, fragments in ((["--model", "cnn"], ["--model", "rows of 5 features", "mlp"]),
+                            (["--model", "mlp", "--image-size", "8"], ["--image-size", "5 features"]),
+                            (["--model", "mlp", "--augment"], ["--augment", "rows of features"]),
+                            ([], ["--data", "one CSV file", "--val-data"])):
+        val = ["--val-data", str(tmp_path / "test.csv")] if argv else []
+        run = subprocess.run([BINARY, "train", "--data", str(tmp_path / "train.csv"), *val, *argv, "--max-steps", "1"],
+                             capture_output=True, text=True)
         assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
         assert all(fragment in run.stderr for fragment in fragments), run.stderr

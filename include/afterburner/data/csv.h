@@ -2,12 +2,14 @@
 //
 //   auto iris = read_csv("iris.csv", CsvOptions().label_name("species").classes(3));
 //   auto raw = read_csv("data.tsv", CsvOptions().header(false).delimiter('\t').label_column(0));
+//   LabelledDataset kaggle = load_csv_table("fashion-mnist_train.csv");   // [N, 1, 28, 28] uint8
 #pragma once
 
 #include <torch/arg.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "afterburner/data/dataset.h"
 
@@ -29,5 +31,21 @@ struct CsvOptions {
 // delimiters are not supported); labels must be non-negative integers (below classes() when
 // set). Blank lines are skipped. Errors name file:line:column.
 DatasetPtr read_csv(const std::string& path, const CsvOptions& options = CsvOptions());
+
+// The delimiter of `path`'s first line: tab for a .tsv file, else the most frequent of ',', ';'
+// and tab in it (',' when none occurs).
+char sniff_csv_delimiter(const std::string& path);
+
+// The cells of `path`'s first non-blank line when they name the columns (one of them is not a
+// number), else none: a file of numbers only has no header line.
+std::vector<std::string> read_csv_header(const std::string& path, char delimiter);
+
+// A CSV table as `afterburner train --data` reads it: delimiter and header detected, the label in
+// the column `label` names (a header name or a column index; empty: the column named label,
+// target, class or y, in any case, else the last). Rows of integers in [0, 255] whose count is a
+// square S*S are grayscale images, uint8 [N, 1, S, S] (the layout of the MNIST family's CSV
+// files); other rows are features, float32 [N, F]. The classes are numbered up to the largest
+// label.
+LabelledDataset load_csv_table(const std::string& path, const std::string& label = "");
 
 }  // namespace afterburner::data

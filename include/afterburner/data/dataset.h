@@ -42,6 +42,10 @@ struct LabelledDataset {
 // "0", "1", ...: the names of `count` classes stored only as numbers.
 std::vector<std::string> numbered_classes(int64_t count);
 
+// The classes numbered up to the largest of `labels` (none for no labels). Throws DataError naming
+// `source` for a label of a million or more: a corrupt value, not a class to allocate for.
+std::vector<std::string> classes_up_to_largest(const torch::Tensor& labels, const std::string& source);
+
 // Samples held in memory; get_batch is one index_select per tensor.
 class TensorDataset : public Dataset {
  public:

@@ -1,5 +1,6 @@
 // The datasets `afterburner train --data PATH` reads, told apart by what PATH holds or named by
-// --data-format: all give square uint8 images [N, C, S, S] and their classes.
+// --data-format: all give square uint8 images [N, C, S, S] (or a table's features, float [N, F])
+// and their classes.
 //
 //   DataFormat format = detect_data_format("pets");          // DataFormat::folder
 //   LabelledDataset train = load_images("pets", format, Split::train);
@@ -9,7 +10,11 @@
 //           folders inside, those are the splits, else the folder itself is the only set
 //   cifar   CIFAR-10/100 binary batches (cifar.h)
 //   npy     an .npz archive or a folder of .npy arrays in Keras's layout (npy.h)
+//   csv     a CSV (or TSV) file, or a folder holding a *train.csv and a *test.csv (csv.h:
+//           load_csv_table)
 #pragma once
+
+#include <torch/arg.h>
 
 #include <cstdint>
 #include <string>
@@ -19,9 +24,9 @@
 
 namespace afterburner::data {
 
-enum class DataFormat { idx, folder, cifar, npy };
+enum class DataFormat { idx, folder, cifar, npy, csv };
 
-// "idx", "folder", "cifar", "npy"; throws UsageError naming --data-format for anything else.
+// "idx", "folder", "cifar", "npy", "csv"; throws UsageError naming --data-format for anything else.
 DataFormat parse_data_format(const std::string& name);
 const char* data_format_name(DataFormat format);
 
@@ -31,15 +36,27 @@ DataFormat detect_data_format(const std::string& path);
 // Whether an image folder holds its splits as train/ and val/ (or test/) folders.
 bool has_split_folders(const std::string& dir);
 
+// Whether the dataset at `path` holds a test split beside its training one: not a single image
+// folder or CSV file, which need a separate evaluation set or a validation split.
+bool holds_test_split(const std::string& path, DataFormat format);
+
 // The folder of an image folder's split: its train/ or val/ (else test/) folder when it has them,
 // else the folder itself.
 std::string image_folder_split(const std::string& dir, Split split);
 
-// `split` of the dataset at `path`. image_size: the square side image folders are resized and
-// cropped to (0: as stored); the other formats store one size, which it must then equal.
-// classes: the training set's, when loading an evaluation set (an image folder's subfolders are
-// labelled by them; the other formats store labels as numbers).
-LabelledDataset load_images(const std::string& path, DataFormat format, Split split, int64_t image_size = 0,
-                            const std::vector<std::string>& classes = {});
+struct SourceOptions {
+  // The square side image folders are resized and cropped to (0: as stored); the other formats
+  // store one size, which it must then equal.
+  TORCH_ARG(int64_t, image_size) = 0;
+  // The training set's, when loading an evaluation set: an image folder's subfolders are labelled
+  // by them; the other formats store labels as numbers, and a CSV file's classes count them.
+  TORCH_ARG(std::vector<std::string>, classes);
+  // A CSV file's label column, by header name or index (empty: load_csv_table's choice).
+  TORCH_ARG(std::string, label_column);
+};
+
+// `split` of the dataset at `path`.
+LabelledDataset load_images(const std::string& path, DataFormat format, Split split,
+                            const SourceOptions& options = SourceOptions());
 
 }  // namespace afterburner::data

@@ -42,9 +42,10 @@ struct CommunicationStats {
 // What the run trained and evaluated on.
 struct DataSummary {
   int64_t train_samples = 0, evaluation_samples = 0;
-  std::vector<int64_t> image;        // one sample's shape: [C, S, S]
+  std::vector<int64_t> sample;       // one sample's shape: [C, S, S] for images, [F] for a table's features
   std::vector<std::string> classes;  // label i is classes[i]
-  std::vector<double> mean, std;     // per channel, of the training pixels in [0, 1]: what batches are normalised by
+  // What batches are normalised by: per channel, of the training pixels in [0, 1]; or per feature.
+  std::vector<double> mean, std;
 };
 
 struct TrainReport {

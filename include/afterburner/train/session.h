@@ -29,10 +29,13 @@ struct TrainingData {
   data::DatasetPtr evaluation;  // the test set, or the validation split held out of the training set
   std::string evaluated_on;     // "test" or "validation"
   int64_t channels = 0, image_size = 0;
-  std::vector<double> mean, std;  // per channel, of the training images scaled to [0, 1]
+  int64_t features = 0;  // a table's features per sample (0: the data are images)
+  // Per channel, of the training images scaled to [0, 1]; or per feature of a table's rows.
+  std::vector<double> mean, std;
   std::vector<std::string> classes;  // label i is classes[i]
-  // Image folders decoded each epoch: the transforms that turn the datasets' batches (file
-  // indices) into normalised images; none: the datasets hold uint8 images.
+  // The transforms that turn the datasets' batches into the model's normalised input: for image
+  // folders decoded each epoch (whose batches are file indices) and tables; none: the datasets
+  // hold uint8 images, scaled and normalised by the session.
   data::TransformPtr train_transform, evaluation_transform;
 };
 
