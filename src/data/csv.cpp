@@ -154,10 +154,11 @@ std::vector<std::string> read_csv_header(const std::string& path, char delimiter
   return {cells.begin(), cells.end()};
 }
 
-LabelledDataset load_csv_table(const std::string& path, const std::string& label) {
+LabelledDataset load_csv_table(const std::string& path, const std::string& label,
+                               std::shared_ptr<SkippedInputs> skipped) {
   const char delimiter = sniff_csv_delimiter(path);
   const std::vector<std::string> header = read_csv_header(path, delimiter);
-  CsvOptions options = CsvOptions().delimiter(delimiter).header(!header.empty());
+  CsvOptions options = CsvOptions().delimiter(delimiter).header(!header.empty()).skipped(skipped);
   int64_t column = 0;
   if (label.empty()) {
     options.label_name(conventional_label_name(header));
@@ -207,19 +208,20 @@ DatasetPtr read_csv(const std::string& path, const CsvOptions& options) {
         continue;
       }
     }
-    if (cells.size() != columns) {
-      throw DataError(fmt::format("{}:{}", path, line_number),
-                      fmt::format("expected {} fields, got {}", columns, cells.size()));
-    }
-    for (size_t column = 0; column < columns; ++column) {
-      if (column == label_column) {
-        auto label = parse_cell<int64_t>(cells[column], path, line_number, column);
-        check_label(label, options.classes(), path, line_number, column);
-        labels.push_back(label);
-      } else {
-        features.push_back(parse_cell<float>(cells[column], path, line_number, column));
+    const size_t row_start = features.size();
+    const bool parsed = skip_or_throw(options.skipped().get(), [&] {
+      if (cells.size() != columns) {
+        throw DataError(fmt::format("{}:{}", path, line_number),
+                        fmt::format("expected {} fields, got {}", columns, cells.size()));
       }
-    }
+      for (size_t column = 0; column < columns; ++column) {
+        if (column != label_column) features.push_back(parse_cell<float>(cells[column], path, line_number, column));
+      }
+      const auto label = parse_cell<int64_t>(cells[label_column], path, line_number, label_column);
+      check_label(label, options.classes(), path, line_number, label_column);
+      labels.push_back(label);
+    });
+    if (!parsed) features.resize(row_start);
   }
   if (labels.empty()) throw DataError(path, "no data rows");
 

@@ -37,15 +37,43 @@ std::vector<std::string> classes_up_to_largest(const torch::Tensor& labels, cons
   return numbered_classes(largest + 1);
 }
 
-void check_labels(const torch::Tensor& labels, int64_t classes, const std::string& source) {
+void SkippedInputs::add(const std::string& line) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (seen_.insert(line).second) lines_.push_back(line);
+}
+
+std::vector<std::string> SkippedInputs::lines() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lines_;
+}
+
+bool skip_or_throw(SkippedInputs* skipped, const std::function<void()>& read) {
+  try {
+    read();
+    return true;
+  } catch (const DataError& error) {
+    if (skipped == nullptr) throw;
+    skipped->add(error.what());
+    return false;
+  }
+}
+
+torch::Tensor check_labels(const torch::Tensor& labels, int64_t classes, const std::string& source,
+                           SkippedInputs* skipped) {
   auto values = labels.to(torch::kLong).contiguous();
   const int64_t* label = values.data_ptr<int64_t>();
+  std::vector<int64_t> in_range;
   for (int64_t i = 0; i < values.numel(); ++i) {
-    if (label[i] < 0 || label[i] >= classes) {
-      throw DataError(source,
-                      fmt::format("label {} at index {} is outside the model's {} classes", label[i], i, classes));
+    if (skip_or_throw(skipped, [&] {
+          if (label[i] < 0 || label[i] >= classes) {
+            throw DataError(source, fmt::format("label {} at index {} is outside the model's {} classes", label[i],
+                                                i, classes));
+          }
+        })) {
+      in_range.push_back(i);
     }
   }
+  return torch::tensor(in_range, torch::kLong);
 }
 
 TensorDataset::TensorDataset(torch::Tensor inputs, torch::Tensor targets) {

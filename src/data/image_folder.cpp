@@ -45,11 +45,13 @@ std::vector<std::string> subfolder_names(const fs::path& dir) {
   return names;
 }
 
-// The class's image files in os.walk's sorted order (by folder, then file name), as ImageFolder.
-std::vector<fs::path> image_files(const fs::path& class_dir) {
+// The class's image files in os.walk's sorted order (by folder, then file name), as ImageFolder;
+// files of a refused format recorded in `skipped` when it is given.
+std::vector<fs::path> image_files(const fs::path& class_dir, SkippedInputs* skipped) {
   std::vector<std::pair<std::string, std::string>> found;
   for (const auto& entry : fs::recursive_directory_iterator(class_dir, fs::directory_options::follow_directory_symlink)) {
-    if (entry.is_regular_file() && is_image_file(entry.path())) {
+    bool image = false;
+    if (entry.is_regular_file() && skip_or_throw(skipped, [&] { image = is_image_file(entry.path()); }) && image) {
       found.emplace_back(entry.path().parent_path().string(), entry.path().filename().string());
     }
   }
@@ -80,38 +82,72 @@ torch::Tensor resized_and_cropped(const torch::Tensor& image, int64_t size) {
   return resized.narrow(1, offset(output[0]), size).narrow(2, offset(output[1]), size);
 }
 
+// Drops the files that were skipped (no image decoded) from `list` and `images`, in order.
+void keep_decoded(const std::string& dir, ImageFileList& list, std::vector<torch::Tensor>& images) {
+  size_t kept = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    if (!images[i].defined()) continue;
+    if (kept != i) {  // a self-move would empty the path
+      images[kept] = std::move(images[i]);
+      list.paths[kept] = std::move(list.paths[i]);
+      list.labels[kept] = list.labels[i];
+    }
+    ++kept;
+  }
+  if (kept == 0) throw DataError(dir, "none of its images could be read");
+  images.resize(kept);
+  list.paths.resize(kept);
+  list.labels.resize(kept);
+}
+
 }  // namespace
 
-ImageFileList list_image_folder(const std::string& dir, const std::vector<std::string>& known_classes) {
+ImageFileList list_image_folder(const std::string& dir, const std::vector<std::string>& known_classes,
+                                SkippedInputs* skipped) {
   if (!fs::is_directory(dir)) throw DataError(dir, fs::exists(dir) ? "not a folder" : "no such folder");
   const std::vector<std::string> found = subfolder_names(dir);
   if (found.empty()) throw DataError(dir, "no class folders in it (expected one folder of images per class)");
   ImageFileList list;
   list.classes = known_classes.empty() ? found : known_classes;
   for (const std::string& name : found) {
+    const std::string class_dir = (fs::path(dir) / name).string();
     const auto known = std::find(list.classes.begin(), list.classes.end(), name);
-    if (known == list.classes.end()) {
-      throw DataError((fs::path(dir) / name).string(), fmt::format("a class the training images do not have ({})",
-                                                                  fmt::join(list.classes, ", ")));
-    }
-    const std::vector<fs::path> images = image_files(fs::path(dir) / name);
-    if (images.empty()) throw DataError((fs::path(dir) / name).string(), "a class folder with no JPEG or PNG image");
+    std::vector<fs::path> images;
+    skip_or_throw(skipped, [&] {
+      if (known == list.classes.end()) {
+        throw DataError(class_dir, fmt::format("a class the training images do not have ({})",
+                                               fmt::join(list.classes, ", ")));
+      }
+      images = image_files(class_dir, skipped);
+      if (images.empty()) throw DataError(class_dir, "a class folder with no JPEG or PNG image");
+    });
     for (const fs::path& image : images) list.paths.push_back(image.string());
     list.labels.insert(list.labels.end(), images.size(), known - list.classes.begin());
   }
+  if (list.paths.empty()) throw DataError(dir, "no JPEG or PNG image in its class folders");
   return list;
 }
 
 LabelledDataset load_image_folder(const std::string& dir, const ImageFolderOptions& options) {
-  const ImageFileList list = list_image_folder(dir, options.classes());
-  const std::vector<std::string>& files = list.paths;
-  std::vector<torch::Tensor> images(files.size());
-  at::parallel_for(0, static_cast<int64_t>(files.size()), 1, [&](int64_t begin, int64_t end) {
+  ImageFileList list = list_image_folder(dir, options.classes(), options.skipped().get());
+  std::vector<torch::Tensor> images(list.paths.size());
+  std::vector<std::string> errors(images.size());  // recorded in file order, whichever thread met them
+  at::parallel_for(0, static_cast<int64_t>(images.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      torch::Tensor image = decode_image_file(files[i]);
-      images[i] = options.image_size() > 0 ? resized_and_cropped(image, options.image_size()) : image;
+      try {
+        torch::Tensor image = decode_image_file(list.paths[i]);
+        images[i] = options.image_size() > 0 ? resized_and_cropped(image, options.image_size()) : image;
+      } catch (const DataError& error) {
+        if (options.skipped() == nullptr) throw;
+        errors[i] = error.what();
+      }
     }
   });
+  for (const std::string& error : errors) {
+    if (!error.empty()) options.skipped()->add(error);
+  }
+  keep_decoded(dir, list, images);
+  const std::vector<std::string>& files = list.paths;
   const torch::Tensor& first = images.front();
   int64_t channels = 1;
   for (size_t i = 0; i < images.size(); ++i) {

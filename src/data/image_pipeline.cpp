@@ -1,5 +1,6 @@
 #include "afterburner/data/image_pipeline.h"
 
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -331,6 +332,34 @@ torch::Tensor resample_box(const Pixels& pixels, const Box& box, int64_t size) {
   std::vector<float> columns;
   resample(pixels, Region{double(box.x), double(box.y), double(box.width), double(box.height)}, size, columns, into);
   return planes;
+}
+
+ImageFileList readable_images(const ImageFileList& list, SkippedInputs& skipped) {
+  constexpr int kSmallestScale = 1;  // eighths
+  std::vector<std::string> errors(list.paths.size());
+  at::parallel_for(0, static_cast<int64_t>(errors.size()), 1, [&](int64_t begin, int64_t end) {
+    thread_local Scratch scratch;
+    for (int64_t i = begin; i < end; ++i) {
+      try {
+        file_bytes(list.paths[i], scratch.file);
+        decode_pixels(reinterpret_cast<const uint8_t*>(scratch.file.data()), scratch.file.size(), list.paths[i],
+                      kSmallestScale, scratch.pixels);
+      } catch (const DataError& error) {
+        errors[i] = error.what();
+      }
+    }
+  });
+  ImageFileList readable{{}, {}, list.classes};
+  for (size_t i = 0; i < errors.size(); ++i) {
+    if (!errors[i].empty()) {
+      skipped.add(errors[i]);
+      continue;
+    }
+    readable.paths.push_back(list.paths[i]);
+    readable.labels.push_back(list.labels[i]);
+  }
+  if (readable.paths.empty()) throw DataError(list.paths.front(), "none of the images could be read");
+  return readable;
 }
 
 TransformPtr decode_images(std::shared_ptr<const ImageFiles> files, DecodeOptions options) {

@@ -163,7 +163,7 @@ bool is_array_dataset(const std::string& path) {
   return fs::path(path).extension() == ".npz" || fs::exists(fs::path(path) / "x_train.npy");
 }
 
-LabelledDataset load_array_images(const std::string& path, Split split) {
+LabelledDataset load_array_images(const std::string& path, Split split, SkippedInputs* skipped) {
   const std::string suffix = split == Split::train ? "train" : "test";
   const bool archive = fs::path(path).extension() == ".npz";
   std::map<std::string, torch::Tensor> arrays;
@@ -190,11 +190,14 @@ LabelledDataset load_array_images(const std::string& path, Split split) {
   }
   if (images.size(0) == 0) throw DataError(x_source, "no images (0 rows)");
   torch::Tensor labels = y.to(torch::kLong);
-  const int64_t smallest = labels.numel() ? labels.min().item<int64_t>() : 0;
-  if (smallest < 0) throw DataError(y_source, fmt::format("label {}: labels count classes from 0", smallest));
   const torch::Tensor training_labels = split == Split::train ? labels : array("y_train").first.to(torch::kLong);
   const std::vector<std::string> classes = classes_up_to_largest(training_labels, y_source);
-  check_labels(labels, static_cast<int64_t>(classes.size()), y_source);
+  const torch::Tensor kept = check_labels(labels, static_cast<int64_t>(classes.size()), y_source, skipped);
+  if (kept.numel() == 0) throw DataError(y_source, "none of its labels is a class");
+  if (kept.numel() < labels.numel()) {
+    images = images.index_select(0, kept);
+    labels = labels.index_select(0, kept);
+  }
   return {std::make_shared<TensorDataset>(images, labels), classes};
 }
 

@@ -135,12 +135,16 @@ LabelledDataset load_images(const std::string& path, DataFormat format, Split sp
   LabelledDataset loaded;
   switch (format) {
     case DataFormat::folder:
-      return load_image_folder(image_folder_split(path, split),
-                               ImageFolderOptions().image_size(image_size).classes(options.classes()));
+      return load_image_folder(image_folder_split(path, split), ImageFolderOptions()
+                                                                   .image_size(image_size)
+                                                                   .classes(options.classes())
+                                                                   .skipped(options.skipped()));
     case DataFormat::idx: loaded = {load_mnist(path, split, kMnistClasses), numbered_classes(kMnistClasses)}; break;
     case DataFormat::cifar: loaded = load_cifar(path, split); break;
-    case DataFormat::npy: loaded = load_array_images(path, split); break;
-    case DataFormat::csv: loaded = load_csv_table(csv_file(path, split), options.label_column()); break;
+    case DataFormat::npy: loaded = load_array_images(path, split, options.skipped().get()); break;
+    case DataFormat::csv:
+      loaded = load_csv_table(csv_file(path, split), options.label_column(), options.skipped());
+      break;
   }
   if (format == DataFormat::csv && !options.classes().empty()) loaded.classes = options.classes();
   const torch::Tensor first = loaded.dataset->get_batch(torch::zeros({1}, torch::kLong)).input;

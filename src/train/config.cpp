@@ -153,6 +153,10 @@ std::vector<ConfigField> make_fields() {
            "a CSV file's label column, by header name or index (default: the column named label, target, class "
            "or y, else the last)",
            &TrainConfig::label_column),
+      flag("skip_corrupt",
+           "skip corrupt or unreadable images, empty class folders, bad CSV rows and evaluation samples whose label "
+           "is not a training class, instead of stopping at the first (the report lists them)",
+           &TrainConfig::skip_corrupt),
       path("val_data", "evaluate on this dataset (its test split, or its class folders) instead of --data's",
            &TrainConfig::val_data),
       integer("image_size",

@@ -38,7 +38,8 @@ nlohmann::json TrainReport::to_json() const {
                      {"sample", data.sample},
                      {"classes", data.classes},
                      {"mean", data.mean},
-                     {"std", data.std}}},
+                     {"std", data.std},
+                     {"skipped", data.skipped}}},
                    {"schedule", schedule},
                    {"test_accuracy", test_accuracy},
                    {"test_accuracy_per_epoch", test_accuracy_per_epoch},
@@ -77,6 +78,10 @@ std::string TrainReport::summary() const {
     text += fmt::format("data               {} training {}, {} {}, {} classes ({}{})\n", data.train_samples, sample,
                         data.evaluation_samples, evaluated_on, data.classes.size(),
                         fmt::join(named, ", "), data.classes.size() > kNamed ? ", ..." : "");
+  }
+  if (!data.skipped.empty()) {
+    text += fmt::format("skipped            {} bad input(s), listed in the report; the first: {}\n", data.skipped.size(),
+                        data.skipped.front());
   }
   if (world_size > 1) {
     text += fmt::format("ranks              {}, each with batch {} (speeds and samples count all ranks)\n", world_size,

@@ -43,11 +43,15 @@ Precision resolve_precision(const std::string& name, const torch::Device& device
   return precision;
 }
 
-// Labels beyond the training classes stop the run here, naming the dataset, not inside the loss;
-// so do images another shape than the training ones.
-void check_evaluation_set(const TrainingData& data, const std::string& source) {
+// Labels beyond the training classes stop the run here, naming the dataset, not inside the loss
+// (with --skip-corrupt, those samples are left out); so do images another shape than the
+// training ones.
+void check_evaluation_set(TrainingData& data, const std::string& source) {
   const data::Batch all = data.evaluation->get_batch(torch::arange(data.evaluation->size()));
-  data::check_labels(all.target, static_cast<int64_t>(data.classes.size()), source);
+  const torch::Tensor kept =
+      data::check_labels(all.target, static_cast<int64_t>(data.classes.size()), source, data.skipped.get());
+  if (kept.numel() == 0) throw DataError(source, "none of its labels is a training class");
+  if (kept.numel() < all.target.numel()) data.evaluation = std::make_shared<data::SubsetDataset>(data.evaluation, kept);
   const auto train_shape = data.train->get_batch(torch::zeros({1}, torch::kLong)).input.sizes().slice(1);
   if (all.input.sizes().slice(1) != train_shape) {
     throw DataError(source, fmt::format("evaluation images of shape {}, the training images {}",
@@ -62,6 +66,10 @@ torch::Tensor sample_images(const TrainingData& data) {
   return data.train->get_batch(torch::arange(2, torch::kLong)).input.to(torch::kFloat).div_(255);
 }
 
+// The std batches are divided by: a constant channel or feature keeps its scale (1), as
+// scikit-learn's StandardScaler does, rather than dividing by zero.
+double divisor(double spread) { return spread > 0 ? spread : 1.0; }
+
 // Exact statistics of uint8 images from each channel's histogram of the 256 pixel values,
 // without a floating-point copy of the whole set.
 void describe_images(const torch::Tensor& all, TrainingData& stats) {
@@ -75,12 +83,11 @@ void describe_images(const torch::Tensor& all, TrainingData& stats) {
     double mean = (counts * levels).sum().item<double>() / n;
     double var = (counts * (levels - mean).square()).sum().item<double>() / (n - 1);
     stats.mean.push_back(mean);
-    stats.std.push_back(std::sqrt(var));
+    stats.std.push_back(divisor(std::sqrt(var)));
   }
 }
 
-// A table's rows are standardised per feature (in double precision); a constant feature keeps
-// its scale (std 1), as scikit-learn's StandardScaler does.
+// A table's rows are standardised per feature (statistics in double precision).
 void describe_features(const torch::Tensor& all, TrainingData& stats) {
   stats.features = stats.channels = all.size(1);
   stats.image_size = 1;  // the zoo's mlp then takes `features` inputs
@@ -89,8 +96,7 @@ void describe_features(const torch::Tensor& all, TrainingData& stats) {
   const torch::Tensor std = all.size(0) > 1 ? values.std(0) : torch::zeros_like(mean);
   for (int64_t f = 0; f < stats.features; ++f) {
     stats.mean.push_back(mean[f].item<double>());
-    const double spread = std[f].item<double>();
-    stats.std.push_back(spread > 0 ? spread : 1.0);
+    stats.std.push_back(divisor(std[f].item<double>()));
   }
   stats.train_transform = stats.evaluation_transform = data::normalize(stats.mean, stats.std);
 }
@@ -235,6 +241,10 @@ torch::jit::Module load_user_model(const TrainConfig& config, const TrainingData
 
 namespace {
 
+std::shared_ptr<data::SkippedInputs> skipped_inputs(const TrainConfig& config) {
+  return config.skip_corrupt ? std::make_shared<data::SkippedInputs>() : nullptr;
+}
+
 [[noreturn]] void no_evaluation_set(const TrainConfig& config, data::DataFormat format) {
   const std::string holds = format == data::DataFormat::csv
                                 ? "is one CSV file (a folder of a *train.csv and a *test.csv holds both sets)"
@@ -253,9 +263,14 @@ TrainingData load_folder_each_epoch(const TrainConfig& config) {
     throw UsageError("--augment", "pads and shifts stored images; --decode each-epoch crops them at random already");
   }
   const int64_t size = config.image_size > 0 ? config.image_size : 224;
-  auto train = std::make_shared<const data::ImageFiles>(
-      data::list_image_folder(data::image_folder_split(config.data, data::Split::train)));
   TrainingData data;
+  data.skipped = skipped_inputs(config);
+  // Every file is decoded once up front when skipping, so that every epoch's batches are whole.
+  const auto files = [&data](const std::string& dir, const std::vector<std::string>& classes) {
+    data::ImageFileList list = data::list_image_folder(dir, classes, data.skipped.get());
+    return std::make_shared<const data::ImageFiles>(data.skipped ? data::readable_images(list, *data.skipped) : list);
+  };
+  auto train = files(data::image_folder_split(config.data, data::Split::train), {});
   data.train = train;
   data.classes = train->files().classes;
   data.evaluated_on = config.validation_split > 0 ? "validation" : "test";
@@ -266,7 +281,7 @@ TrainingData load_folder_each_epoch(const TrainConfig& config) {
     if (config.val_data.empty() && !data::has_split_folders(config.data)) no_evaluation_set(config, data::DataFormat::folder);
     const std::string dir =
         config.val_data.empty() ? data::image_folder_split(config.data, data::Split::test) : config.val_data;
-    evaluated = std::make_shared<const data::ImageFiles>(data::list_image_folder(dir, data.classes));
+    evaluated = files(dir, data.classes);
     data.evaluation = evaluated;
   }
   const data::DecodeOptions centre = data::DecodeOptions().size(size).random_resized_crop(false).flip(0);
@@ -276,7 +291,7 @@ TrainingData load_folder_each_epoch(const TrainConfig& config) {
   const torch::Tensor pixels = (*statistics)(train->get_batch(spread), 0).input;  // in [0, 1]
   for (int64_t c = 0; c < 3; ++c) {
     data.mean.push_back(pixels.select(1, c).mean().item<double>());
-    data.std.push_back(pixels.select(1, c).std().item<double>());
+    data.std.push_back(divisor(pixels.select(1, c).std().item<double>()));
   }
   data.channels = 3;
   data.image_size = size;
@@ -285,9 +300,7 @@ TrainingData load_folder_each_epoch(const TrainConfig& config) {
   return data;
 }
 
-}  // namespace
-
-TrainingData load_training_data(const TrainConfig& config) {
+TrainingData load_data(const TrainConfig& config) {
   const data::DataFormat format = config.data_format == "auto" ? data::detect_data_format(config.data)
                                                                : data::parse_data_format(config.data_format);
   if (config.decode == "each-epoch") {
@@ -297,9 +310,11 @@ TrainingData load_training_data(const TrainConfig& config) {
     }
     return load_folder_each_epoch(config);
   }
-  const data::SourceOptions source = data::SourceOptions().image_size(config.image_size).label_column(config.label_column);
-  data::LabelledDataset train = data::load_images(config.data, format, data::Split::train, source);
   TrainingData data;
+  data.skipped = skipped_inputs(config);
+  const data::SourceOptions source =
+      data::SourceOptions().image_size(config.image_size).label_column(config.label_column).skipped(data.skipped);
+  data::LabelledDataset train = data::load_images(config.data, format, data::Split::train, source);
   data.train = train.dataset;
   data.classes = train.classes;
   data.evaluated_on = config.validation_split > 0 ? "validation" : "test";
@@ -320,6 +335,18 @@ TrainingData load_training_data(const TrainConfig& config) {
   describe_data(*data.train, data);
   if (data.features > 0 && config.augment) {
     throw UsageError("--augment", "pads and shifts images; " + config.data + " holds rows of features");
+  }
+  return data;
+}
+
+}  // namespace
+
+TrainingData load_training_data(const TrainConfig& config) {
+  TrainingData data = load_data(config);
+  const std::vector<std::string> skipped = data.skipped ? data.skipped->lines() : std::vector<std::string>{};
+  if (!skipped.empty()) {
+    fmt::print(stderr, "afterburner: --skip-corrupt left out {} bad input(s) (the report lists them); the first: {}\n",
+               skipped.size(), skipped.front());
   }
   return data;
 }
@@ -390,7 +417,8 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   p.evaluated_on = data.evaluated_on;
   const std::vector<int64_t> sample = data.features > 0 ? std::vector<int64_t>{data.features}
                                                         : std::vector<int64_t>{data.channels, data.image_size, data.image_size};
-  p.data = {data.train->size(), data.evaluation->size(), sample, data.classes, data.mean, data.std};
+  p.data = {data.train->size(), data.evaluation->size(), sample, data.classes, data.mean, data.std,
+            data.skipped ? data.skipped->lines() : std::vector<std::string>{}};
   ThreadsGuard threads(p.threads());
   p.device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   const Precision precision = resolve_precision(config.precision, p.device);

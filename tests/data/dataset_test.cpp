@@ -56,6 +56,28 @@ TEST(CheckLabels, NamesTheFirstLabelOutsideTheClasses) {
             "file.idx: label -1 at index 1 is outside the model's 3 classes");
 }
 
+TEST(CheckLabels, SkippingRecordsEachLabelOutsideTheClassesAndKeepsTheOthers) {
+  SkippedInputs skipped;
+  const torch::Tensor kept = check_labels(torch::tensor({0, 10, 3, -1, 9}), 10, "labels", &skipped);
+  EXPECT_TRUE(torch::equal(kept, torch::tensor({0, 2, 4}, torch::kLong)));
+  EXPECT_EQ(skipped.lines(), (std::vector<std::string>{"labels: label 10 at index 1 is outside the model's 10 classes",
+                                                       "labels: label -1 at index 3 is outside the model's 10 classes"}));
+  check_labels(torch::tensor({10}), 10, "labels", &skipped);  // the same line again is recorded once
+  EXPECT_EQ(skipped.lines().size(), 3u);
+  check_labels(torch::tensor({0, 10}), 10, "labels", &skipped);
+  EXPECT_EQ(skipped.lines().size(), 3u);
+}
+
+TEST(SkipOrThrow, RecordsDataErrorsOnlyWhenSkippingAndPassesOtherErrorsOn) {
+  SkippedInputs skipped;
+  const auto corrupt = [] { throw DataError("a.png", "corrupt PNG"); };
+  EXPECT_FALSE(skip_or_throw(&skipped, corrupt));
+  EXPECT_TRUE(skip_or_throw(&skipped, [] {}));
+  EXPECT_EQ(skipped.lines(), std::vector<std::string>{"a.png: corrupt PNG"});
+  EXPECT_THROW(skip_or_throw(nullptr, corrupt), DataError);
+  EXPECT_THROW(skip_or_throw(&skipped, [] { throw UsageError("--data", "bad"); }), UsageError);
+}
+
 TEST(SubsetDataset, ComposesViews) {
   auto base = std::make_shared<TensorDataset>(torch::arange(10, torch::kFloat).view({10, 1}), torch::arange(10));
   auto odd = std::make_shared<SubsetDataset>(base, torch::arange(1, 10, 2));        // 1 3 5 7 9

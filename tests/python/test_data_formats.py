@@ -429,3 +429,67 @@ def test_train_learns_a_table_standardised_per_feature(tmp_path):
                              capture_output=True, text=True)
         assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
         assert all(fragment in run.stderr for fragment in fragments), run.stderr
+
+
+def run_train(*argv):
+    return subprocess.run([BINARY, "train", *map(str, argv)], capture_output=True, text=True)
+
+
+@pytest.mark.skipif(not BINARY, reason="AFTERBURNER_BINARY is set by ctest")
+def test_skip_corrupt_leaves_out_and_lists_each_bad_input(tmp_path):
+    root = tmp_path / "set"
+    good = 0
+    for split, classes in (("train", "ab"), ("val", "ab")):
+        for label in classes:
+            for index in range(6):
+                path = root / split / label / f"{index}.png"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(smooth_image(12, 12, 3, index + (label == "b") * 10)).save(path)
+                good += split == "train"
+    Image.fromarray(smooth_image(12, 12, 3, 99)).save(tmp_path / "whole.jpg")
+    jpeg = (tmp_path / "whole.jpg").read_bytes()
+    bad = {root / "train" / "a" / "cut.jpg": jpeg[:len(jpeg) // 2], root / "train" / "b" / "text.png": b"some text",
+           root / "train" / "b" / "old.bmp": b"BM", root / "val" / "a" / "cut.jpg": jpeg[:len(jpeg) // 3]}
+    for path, content in bad.items():
+        write_bytes(path, content)
+    (root / "train" / "empty").mkdir()
+    write_bytes(root / "val" / "zebra" / "0.png", (root / "val" / "a" / "0.png").read_bytes())
+    expected = sorted([*map(str, bad), str(root / "train" / "empty"), str(root / "val" / "zebra")])
+
+    stopped = run_train("--data", root, "--image-size", "8", "--max-steps", "1")
+    assert stopped.returncode == 1 and len(stopped.stderr.strip().splitlines()) == 1, stopped.stderr
+    assert any(str(path) in stopped.stderr for path in bad), stopped.stderr
+    for decode in ("once", "each-epoch"):
+        report_path = tmp_path / f"{decode}.json"
+        run = run_train("--data", root, "--image-size", "8", "--decode", decode, "--skip-corrupt", "--epochs", "1",
+                        "--batch-size", "4", "--report", report_path)
+        assert run.returncode == 0, run.stderr
+        assert "--skip-corrupt left out 6 bad input(s)" in run.stderr, run.stderr
+        described = json.loads(report_path.read_text())["data"]
+        assert sorted(line.split(": ")[0] for line in described["skipped"]) == expected, described["skipped"]
+        assert (described["train_samples"], described["evaluation_samples"]) == (good, 12)
+        assert described["classes"] == ["a", "b", "empty"]  # an empty class keeps its label, as ImageFolder's
+
+    # A CSV's bad rows, by file and line; arrays' test labels the training set does not have.
+    (tmp_path / "rows.csv").write_text("a,b,label\n1,2,0\n3,1\n4,x,1\n5,6,1\n7,8,0\n9,9,-1\n")
+    report_path = tmp_path / "rows.json"
+    run = run_train("--data", tmp_path / "rows.csv", "--validation-split", "0.5", "--model", "mlp", "--skip-corrupt",
+                    "--max-steps", "1", "--batch-size", "1", "--report", report_path)
+    assert run.returncode == 0, run.stderr
+    skipped = json.loads(report_path.read_text())["data"]["skipped"]
+    rows = tmp_path / "rows.csv"
+    assert skipped == [f"{rows}:3: expected 3 fields, got 2", f"{rows}:4:2: expected a number, got 'x'",
+                       f"{rows}:7:3: negative label -1"]
+    arrays = tmp_path / "arrays"
+    arrays.mkdir()
+    for split, labels in (("train", [0, 1, 2, 1]), ("test", [1, 7, 0])):
+        numpy.save(arrays / f"x_{split}.npy", numpy.zeros((len(labels), 8, 8), numpy.uint8))
+        numpy.save(arrays / f"y_{split}.npy", numpy.array(labels))
+    assert run_train("--data", arrays, "--max-steps", "1", "--model", "mlp").returncode == 1
+    report_path = tmp_path / "arrays.json"
+    run = run_train("--data", arrays, "--max-steps", "1", "--model", "mlp", "--batch-size", "2", "--skip-corrupt",
+                    "--report", report_path)
+    assert run.returncode == 0, run.stderr
+    described = json.loads(report_path.read_text())["data"]
+    assert described["evaluation_samples"] == 2
+    assert described["skipped"] == [f"{arrays / 'y_test.npy'}: label 7 at index 1 is outside the model's 3 classes"]

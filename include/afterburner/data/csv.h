@@ -25,6 +25,9 @@ struct CsvOptions {
   TORCH_ARG(char, delimiter) = ',';
   // The model's number of classes: when > 0, every label must be below it.
   TORCH_ARG(int64_t, classes) = 0;
+  // Where a row with a missing, extra or non-numeric field or a bad label is recorded and skipped
+  // (null: it is an error).
+  TORCH_ARG(std::shared_ptr<SkippedInputs>, skipped);
 };
 
 // Every cell must be a number (surrounding spaces and double quotes are ignored, quoted
@@ -45,7 +48,8 @@ std::vector<std::string> read_csv_header(const std::string& path, char delimiter
 // target, class or y, in any case, else the last). Rows of integers in [0, 255] whose count is a
 // square S*S are grayscale images, uint8 [N, 1, S, S] (the layout of the MNIST family's CSV
 // files); other rows are features, float32 [N, F]. The classes are numbered up to the largest
-// label.
-LabelledDataset load_csv_table(const std::string& path, const std::string& label = "");
+// label. Bad rows are recorded in `skipped` and left out, when it is given.
+LabelledDataset load_csv_table(const std::string& path, const std::string& label = "",
+                               std::shared_ptr<SkippedInputs> skipped = nullptr);
 
 }  // namespace afterburner::data

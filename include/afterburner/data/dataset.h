@@ -10,8 +10,11 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace afterburner::data {
@@ -77,9 +80,32 @@ class SubsetDataset : public Dataset {
 // Throws UsageError("indices", ...) unless `indices` is 1-D int64 with every value in [0, size).
 void check_indices(const torch::Tensor& indices, int64_t size);
 
+// The inputs a run skips rather than stops at (`afterburner train --skip-corrupt`): a corrupt or
+// unreadable file, a CSV row, a sample whose label is not a class. Each is one "source: problem"
+// line, recorded once, in the order first met; any thread may record.
+//
+//   SkippedInputs skipped;
+//   for (auto& file : files) skip_or_throw(&skipped, [&] { decode(file); });   // false: skipped
+class SkippedInputs {
+ public:
+  void add(const std::string& line);
+  std::vector<std::string> lines() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> lines_;
+  std::unordered_set<std::string> seen_;
+};
+
+// Runs `read`: returns true when it succeeds; when it throws DataError, records the error in
+// `skipped` and returns false, or rethrows it when `skipped` is null (skipping is off).
+bool skip_or_throw(SkippedInputs* skipped, const std::function<void()>& read);
+
 // Throws DataError naming `source` ("<source>: label 200 at index 17 is outside the model's 10
 // classes") for the first of the 1-D integer `labels` that is not in [0, classes), so that a
-// corrupt label stops a run when the data is loaded rather than deep inside the loss.
-void check_labels(const torch::Tensor& labels, int64_t classes, const std::string& source);
+// corrupt label stops a run when the data is loaded rather than deep inside the loss. With
+// `skipped`, records every such label there instead. Returns the indices of the labels in range.
+torch::Tensor check_labels(const torch::Tensor& labels, int64_t classes, const std::string& source,
+                           SkippedInputs* skipped = nullptr);
 
 }  // namespace afterburner::data

@@ -32,18 +32,23 @@ struct ImageFolderOptions {
   // share (square); otherwise each image's shorter side is resized to it (bilinear, antialiased:
   // torchvision's Resize on tensors, rounded to uint8) and the centre cropped to a square.
   TORCH_ARG(int64_t, image_size) = 0;
+  // Where a corrupt or unreadable image, an empty class folder or a class folder outside
+  // `classes` is recorded and left out (null: it is an error). An empty class keeps its label.
+  TORCH_ARG(std::shared_ptr<SkippedInputs>, skipped);
 };
 
 // The image files of a class folder set and their labels, nothing decoded: the listing
 // load_image_folder decodes (and image_pipeline.h's ImageFiles decodes per epoch). `classes` as
 // ImageFolderOptions::classes. Throws DataError for no class folders, a class folder without
-// images, a subfolder outside `classes`, or a refused image format.
+// images, a subfolder outside `classes`, or a refused image format, unless `skipped` is given (as
+// ImageFolderOptions::skipped).
 struct ImageFileList {
   std::vector<std::string> paths;
   std::vector<int64_t> labels;
   std::vector<std::string> classes;
 };
-ImageFileList list_image_folder(const std::string& dir, const std::vector<std::string>& classes = {});
+ImageFileList list_image_folder(const std::string& dir, const std::vector<std::string>& classes = {},
+                                SkippedInputs* skipped = nullptr);
 
 // Throws DataError naming the file or folder: no class folders, a class folder without images, an
 // unreadable or corrupt image, or (when image_size is 0) images that are not squares of one size.

@@ -70,6 +70,11 @@ struct DecodeOptions {
   TORCH_ARG(bool, reduced_decode) = true;
 };
 
+// The files of `list` that decode, each read whole once (a JPEG at 1/8 scale, which still reads
+// all its compressed data), for a run that skips corrupt images (--skip-corrupt) and then decodes
+// every epoch; the others are recorded in `skipped` in file order and left out.
+ImageFileList readable_images(const ImageFileList& list, SkippedInputs& skipped);
+
 // The transform that turns ImageFiles' batches into float32 [n, channels, size, size] images.
 TransformPtr decode_images(std::shared_ptr<const ImageFiles> files, DecodeOptions options);
 

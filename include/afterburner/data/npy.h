@@ -28,8 +28,9 @@ std::map<std::string, torch::Tensor> read_npz(const std::string& path);
 // x_train.npy, y_train.npy, x_test.npy, y_test.npy. Images must be uint8: [N, H, W] (grayscale),
 // [N, H, W, C] or [N, C, H, W] with C of 1 or 3 and square H = W; labels a 1-D integer array of
 // N values from 0. The classes are numbered up to the largest training label (as Keras's
-// to_categorical counts them); a test label beyond them is an error naming the array.
-LabelledDataset load_array_images(const std::string& path, Split split);
+// to_categorical counts them); a test label beyond them is an error naming the array, or with
+// `skipped` recorded there and its sample left out.
+LabelledDataset load_array_images(const std::string& path, Split split, SkippedInputs* skipped = nullptr);
 
 // Whether `path` is an .npz file or a folder holding x_train.npy.
 bool is_array_dataset(const std::string& path);

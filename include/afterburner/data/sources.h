@@ -53,6 +53,10 @@ struct SourceOptions {
   TORCH_ARG(std::vector<std::string>, classes);
   // A CSV file's label column, by header name or index (empty: load_csv_table's choice).
   TORCH_ARG(std::string, label_column);
+  // Where an image folder's corrupt images and empty class folders, a CSV file's bad rows and
+  // arrays' labels outside the classes are recorded and left out (null: they are errors). Damage
+  // to an IDX or CIFAR file is to the whole file.
+  TORCH_ARG(std::shared_ptr<SkippedInputs>, skipped);
 };
 
 // `split` of the dataset at `path`.

@@ -46,6 +46,7 @@ struct DataSummary {
   std::vector<std::string> classes;  // label i is classes[i]
   // What batches are normalised by: per channel, of the training pixels in [0, 1]; or per feature.
   std::vector<double> mean, std;
+  std::vector<std::string> skipped;  // with --skip-corrupt: each input left out, "source: problem"
 };
 
 struct TrainReport {

@@ -37,6 +37,8 @@ struct TrainingData {
   // folders decoded each epoch (whose batches are file indices) and tables; none: the datasets
   // hold uint8 images, scaled and normalised by the session.
   data::TransformPtr train_transform, evaluation_transform;
+  // With --skip-corrupt: the inputs left out (null: a bad input stops the run).
+  std::shared_ptr<data::SkippedInputs> skipped;
 };
 
 // Whether --model names a TorchScript file to train (a path, or a name ending in .pt) rather
