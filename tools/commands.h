@@ -21,5 +21,6 @@ Command add_loadgen_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_sketch_command(CLI::App& app);
 Command add_tune_command(CLI::App& app);
+Command add_data_command(CLI::App& app);
 
 }  // namespace afterburner::tools

@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
                                        tools::add_loadgen_command(app),
                                        tools::add_bench_command(app),
                                        tools::add_sketch_command(app),
-                                       tools::add_tune_command(app)};
+                                       tools::add_tune_command(app),
+                                       tools::add_data_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

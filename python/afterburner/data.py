@@ -21,7 +21,8 @@ from typing import Optional, Sequence
 import numpy
 import torch
 
-__all__ = ["Loader", "ImageFolder", "load_mnist", "load_images", "decode_image", "read_idx", "read_npy", "read_csv"]
+__all__ = ["Loader", "ImageFolder", "load_mnist", "load_images", "decode_image", "read_idx", "read_npy", "read_csv",
+           "pack", "read_pack"]
 
 
 def _tensor(array, name):
@@ -72,8 +73,9 @@ class Loader:
 
 class ImageFolder(Loader):
     """Batches of (images float32 [N, 3, size, size], labels int64 [N]) from a folder of class
-    folders of JPEG/PNG files (torchvision's ImageFolder layout, classes in `classes`), decoded
-    and augmented each epoch by C++ worker threads, the GIL released:
+    folders of JPEG/PNG files (torchvision's ImageFolder layout, classes in `classes`), or a pack of
+    them (`pack`, a root ending in .abpk), decoded and augmented each epoch by C++ worker threads,
+    the GIL released:
 
         train = ImageFolder("pets/train", size=224, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
         val = ImageFolder("pets/val", train=False, classes=train.classes, mean=..., std=...)
@@ -92,12 +94,21 @@ class ImageFolder(Loader):
         if (mean is None) != (std is None):
             raise ValueError("ImageFolder: give mean and std together")
         known = None if classes is None else list(classes)
-        self.samples, self.targets, self.classes = torch.ops.afterburner.list_image_folder(str(root), known)
-        self._loader = torch.ops.afterburner.image_folder_loader(
-            self.samples, self.targets, self.classes, size, train, batch_size, train if shuffle is None else shuffle,
-            train if drop_last is None else drop_last, workers, prefetch, seed, channels_last,
-            [float(m) for m in mean or []], [float(s) for s in std or []], float(flip) if train else 0.0,
-            reduced_decode)
+        settings = (size, train, batch_size, train if shuffle is None else shuffle,
+                    train if drop_last is None else drop_last, workers, prefetch, seed, channels_last,
+                    [float(m) for m in mean or []], [float(s) for s in std or []], float(flip) if train else 0.0,
+                    reduced_decode)
+        if str(root).endswith(".abpk"):
+            _, labels, self.classes = torch.ops.afterburner.read_pack_index(str(root))
+            if known is not None and known != self.classes:
+                raise ValueError(f"ImageFolder: {root} packs the classes {self.classes}, not {known}")
+            self.targets = labels
+            self.samples = [f"{root} record {i}" for i in range(len(labels))]
+            self._loader = torch.ops.afterburner.pack_loader(str(root), *settings)
+        else:
+            self.samples, self.targets, self.classes = torch.ops.afterburner.list_image_folder(str(root), known)
+            self._loader = torch.ops.afterburner.image_folder_loader(self.samples, self.targets, self.classes,
+                                                                    *settings)
         self.epoch = 0
 
 
@@ -152,3 +163,22 @@ def read_csv(path: str, label_column: int = -1, label_name: Optional[str] = None
     integer in column `label_column` (negative counts from the end) or in the column the header
     names `label_name`, and below `classes` when that is given. Errors name file:line:column."""
     return torch.ops.afterburner.read_csv(str(path), label_column, label_name or "", header, delimiter, classes)
+
+
+def pack(source: str, output: str, max_side: int = 0, quality: int = 90, raw: bool = False, classes=None,
+         skip_corrupt: bool = False) -> dict:
+    """Packs the image folder `source` into the .abpk file `output`, which ImageFolder and `afterburner
+    train --data` memory-map: each image as stored (max_side=0), or with its longer side brought
+    down to max_side and re-encoded as JPEG at `quality`, or decoded (raw=True). `classes` labels
+    the class folders (a validation folder packed with its training pack's classes). Resumable: an
+    interrupted call, run again with the same arguments, continues after its last whole record.
+    Returns {"records", "resumed", "bytes", "skipped"}."""
+    records, resumed, size, skipped = torch.ops.afterburner.pack_image_folder(
+        str(source), str(output), max_side, quality, raw, None if classes is None else list(classes), skip_corrupt)
+    return {"records": records, "resumed": resumed, "bytes": size, "skipped": skipped}
+
+
+def read_pack(path: str):
+    """(images: a list of uint8 [C, H, W], labels int64 [N], class names) of a pack, every record
+    decoded whole."""
+    return torch.ops.afterburner.read_pack(str(path))

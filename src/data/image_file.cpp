@@ -5,6 +5,7 @@
 
 #include <csetjmp>
 #include <cstdio>  // before jpeglib.h, which uses FILE without including it
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -59,6 +60,13 @@ struct JpegErrors {
 
 void jpeg_message(j_common_ptr info, int level) {
   if (level < 0) jpeg_fail(info);  // a warning
+}
+
+jpeg_error_mgr* stopping_at_first_error(JpegErrors& errors) {
+  jpeg_std_error(&errors.manager);
+  errors.manager.error_exit = jpeg_fail;
+  errors.manager.emit_message = jpeg_message;
+  return &errors.manager;
 }
 
 enum class JpegOutcome { decoded, failed, cmyk, unsized };
@@ -121,9 +129,7 @@ ImageSize decode_jpeg(const uint8_t* bytes, size_t size, const std::string& sour
                       Pixels& into) {
   jpeg_decompress_struct info{};
   JpegErrors errors{};
-  info.err = jpeg_std_error(&errors.manager);
-  errors.manager.error_exit = jpeg_fail;
-  errors.manager.emit_message = jpeg_message;
+  info.err = stopping_at_first_error(errors);
   jpeg_create_decompress(&info);
   ImageSize stored;
   const JpegOutcome outcome = run_jpeg(info, errors, bytes, size, request, stored, into);
@@ -219,7 +225,49 @@ Pixels decode_png(const uint8_t* bytes, size_t size, const std::string& source) 
   return decoded;
 }
 
+// libjpeg's compression calls, which may longjmp back here (as run_jpeg). The output buffer is
+// malloc'ed by jpeg_mem_dest: the caller frees it.
+bool run_jpeg_encoder(jpeg_compress_struct& info, JpegErrors& errors, const Pixels& pixels, int quality,
+                      unsigned char** buffer, unsigned long* size) {
+  if (setjmp(errors.jump)) return false;
+  jpeg_mem_dest(&info, buffer, size);
+  info.image_width = static_cast<JDIMENSION>(pixels.width);
+  info.image_height = static_cast<JDIMENSION>(pixels.height);
+  info.input_components = static_cast<int>(pixels.channels);
+  info.in_color_space = pixels.channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_set_defaults(&info);
+  jpeg_set_quality(&info, quality, TRUE);
+  jpeg_start_compress(&info, TRUE);
+  while (info.next_scanline < info.image_height) {
+    auto* row = const_cast<JSAMPROW>(&pixels.hwc[static_cast<size_t>(info.next_scanline) * pixels.width *
+                                                 pixels.channels]);
+    jpeg_write_scanlines(&info, &row, 1);
+  }
+  jpeg_finish_compress(&info);
+  return true;
+}
+
 }  // namespace
+
+std::vector<uint8_t> encode_jpeg(const Pixels& pixels, int quality, const std::string& source) {
+  if (pixels.channels != 1 && pixels.channels != 3) {
+    throw UsageError("encode_jpeg", fmt::format("{}: {} channels (1 or 3 are encoded)", source, pixels.channels));
+  }
+  if (quality < 1 || quality > 100) throw UsageError("quality", fmt::format("{} is not in 1..100", quality));
+  jpeg_compress_struct info{};
+  JpegErrors errors{};
+  info.err = stopping_at_first_error(errors);
+  jpeg_create_compress(&info);
+  unsigned char* buffer = nullptr;
+  unsigned long size = 0;
+  const bool encoded = run_jpeg_encoder(info, errors, pixels, quality, &buffer, &size);
+  jpeg_destroy_compress(&info);
+  std::vector<uint8_t> bytes;
+  if (encoded) bytes.assign(buffer, buffer + size);
+  std::free(buffer);
+  if (!encoded) throw DataError(source, fmt::format("cannot encode as JPEG: {}", errors.message));
+  return bytes;
+}
 
 ImageSize read_image_size(const uint8_t* bytes, size_t size, const std::string& source) {
   if (starts_with(bytes, size, kJpegSignature)) {

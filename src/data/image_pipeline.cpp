@@ -203,8 +203,8 @@ Box covering_box(const Region& region, const ImageSize& size) {
 
 class DecodeImages : public BatchTransform {
  public:
-  DecodeImages(std::shared_ptr<const ImageFiles> files, DecodeOptions options)
-      : files_(std::move(files)), options_(std::move(options)) {
+  DecodeImages(std::shared_ptr<const ImageRecords> records, DecodeOptions options)
+      : records_(std::move(records)), options_(std::move(options)) {
     const int64_t channels = options_.channels();
     if (channels != 1 && channels != 3) {
       throw UsageError("decode_images channels", fmt::format("{} is not 1 or 3", channels));
@@ -245,12 +245,10 @@ class DecodeImages : public BatchTransform {
  private:
   // Sample `index` decoded, cropped, resampled, mirrored and normalised into `out` [C, size, size].
   void decode_one(int64_t index, uint64_t seed, float* out) const {
-    const std::string& path = files_->files().paths.at(static_cast<size_t>(index));
+    const std::string path = records_->source(index);
     thread_local Scratch scratch;
-    file_bytes(path, scratch.file);
-    const auto* bytes = reinterpret_cast<const uint8_t*>(scratch.file.data());
-    const size_t length = scratch.file.size();
-    const ImageSize stored = read_image_size(bytes, length, path);
+    const ImageRecords::Record record = records_->record(index, scratch.file);
+    const ImageSize stored = record_size(record, path);
     const int64_t size = options_.size();
     const Box box = options_.random_resized_crop() ? random_box(stored.width, stored.height, options_, seed)
                                                    : centre_box(stored.width, stored.height);
@@ -260,7 +258,7 @@ class DecodeImages : public BatchTransform {
     const Region region = scaled_region(box, stored, scaled);
     const Box part = covering_box(region, scaled);
     const Pixels& pixels = scratch.pixels;
-    decode_pixels(bytes, length, path, eighths, scratch.pixels, reduced ? &part : nullptr);
+    record_pixels(record, path, eighths, scratch.pixels, reduced ? &part : nullptr);
     if (pixels.channels > options_.channels()) {
       throw DataError(path, "a colour image in a set decoded to one channel (DecodeOptions::channels)");
     }
@@ -291,7 +289,7 @@ class DecodeImages : public BatchTransform {
   // Batches in flight at once: prefetched by every worker, held by the caller, one being built.
   static constexpr size_t kPoolSize = 24;
 
-  std::shared_ptr<const ImageFiles> files_;
+  std::shared_ptr<const ImageRecords> records_;
   DecodeOptions options_;
   std::vector<float> scale_, shift_;
   mutable std::mutex pool_mutex_;
@@ -299,22 +297,6 @@ class DecodeImages : public BatchTransform {
 };
 
 }  // namespace
-
-ImageFiles::ImageFiles(ImageFileList files) : files_(std::move(files)) {
-  if (files_.paths.size() != files_.labels.size()) {
-    throw UsageError("ImageFiles", fmt::format("{} paths and {} labels", files_.paths.size(), files_.labels.size()));
-  }
-  const auto classes = static_cast<int64_t>(files_.classes.size());
-  check_labels(torch::from_blob(files_.labels.data(), {size()}, torch::kLong), classes, "ImageFiles labels");
-}
-
-int64_t ImageFiles::size() const { return static_cast<int64_t>(files_.paths.size()); }
-
-Batch ImageFiles::get_batch(const torch::Tensor& indices) const {
-  check_indices(indices, size());
-  const torch::Tensor labels = torch::from_blob(const_cast<int64_t*>(files_.labels.data()), {size()}, torch::kLong);
-  return {indices.clone(), labels.index_select(0, indices)};
-}
 
 torch::Tensor resample_box(const Pixels& pixels, const Box& box, int64_t size) {
   if (box.x < 0 || box.y < 0 || box.width < 1 || box.height < 1 || box.x + box.width > pixels.width ||
@@ -362,8 +344,8 @@ ImageFileList readable_images(const ImageFileList& list, SkippedInputs& skipped)
   return readable;
 }
 
-TransformPtr decode_images(std::shared_ptr<const ImageFiles> files, DecodeOptions options) {
-  return std::make_shared<DecodeImages>(std::move(files), std::move(options));
+TransformPtr decode_images(std::shared_ptr<const ImageRecords> records, DecodeOptions options) {
+  return std::make_shared<DecodeImages>(std::move(records), std::move(options));
 }
 
 }  // namespace afterburner::data

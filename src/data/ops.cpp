@@ -16,6 +16,7 @@
 #include "afterburner/data/image_file.h"
 #include "afterburner/data/image_pipeline.h"
 #include "afterburner/data/npy.h"
+#include "afterburner/data/pack.h"
 #include "afterburner/data/sources.h"
 #include "afterburner/data/loader.h"
 
@@ -100,7 +101,25 @@ std::tuple<torch::Tensor, torch::Tensor> load_mnist_op(const std::string& dir, c
   return {dataset->inputs(), dataset->targets()};
 }
 
-// An image folder decoded and augmented per epoch by the loader's workers (image_pipeline.h).
+// Image files or a pack's records decoded and augmented per epoch by the loader's workers
+// (image_pipeline.h).
+c10::intrusive_ptr<ScriptLoader> image_loader(std::shared_ptr<const ImageRecords> records, int64_t size, bool train,
+                                              int64_t batch_size, bool shuffle, bool drop_last, int64_t workers,
+                                              int64_t prefetch, int64_t seed, bool channels_last,
+                                              std::vector<double> mean, std::vector<double> std, double flip,
+                                              bool reduced_decode) {
+  TransformPtr transform = decode_images(records, DecodeOptions()
+                                                    .size(size)
+                                                    .random_resized_crop(train)
+                                                    .flip(flip)
+                                                    .mean(std::move(mean))
+                                                    .std(std::move(std))
+                                                    .reduced_decode(reduced_decode));
+  return c10::make_intrusive<ScriptLoader>(
+      records, loader_options(batch_size, shuffle, drop_last, workers, prefetch, seed, channels_last),
+      std::move(transform));
+}
+
 c10::intrusive_ptr<ScriptLoader> image_folder_loader_op(std::vector<std::string> paths, std::vector<int64_t> labels,
                                                         std::vector<std::string> classes, int64_t size, bool train,
                                                         int64_t batch_size, bool shuffle, bool drop_last,
@@ -109,16 +128,34 @@ c10::intrusive_ptr<ScriptLoader> image_folder_loader_op(std::vector<std::string>
                                                         std::vector<double> std, double flip, bool reduced_decode) {
   auto files =
       std::make_shared<const ImageFiles>(ImageFileList{std::move(paths), std::move(labels), std::move(classes)});
-  TransformPtr transform = decode_images(files, DecodeOptions()
-                                                    .size(size)
-                                                    .random_resized_crop(train)
-                                                    .flip(flip)
-                                                    .mean(std::move(mean))
-                                                    .std(std::move(std))
-                                                    .reduced_decode(reduced_decode));
-  return c10::make_intrusive<ScriptLoader>(
-      files, loader_options(batch_size, shuffle, drop_last, workers, prefetch, seed, channels_last),
-      std::move(transform));
+  return image_loader(files, size, train, batch_size, shuffle, drop_last, workers, prefetch, seed, channels_last,
+                      std::move(mean), std::move(std), flip, reduced_decode);
+}
+
+c10::intrusive_ptr<ScriptLoader> pack_loader_op(const std::string& path, int64_t size, bool train, int64_t batch_size,
+                                                bool shuffle, bool drop_last, int64_t workers, int64_t prefetch,
+                                                int64_t seed, bool channels_last, std::vector<double> mean,
+                                                std::vector<double> std, double flip, bool reduced_decode) {
+  return image_loader(std::make_shared<const PackedImages>(path), size, train, batch_size, shuffle, drop_last, workers,
+                      prefetch, seed, channels_last, std::move(mean), std::move(std), flip, reduced_decode);
+}
+
+std::tuple<int64_t, int64_t, int64_t, std::vector<std::string>> pack_image_folder_op(
+    const std::string& source, const std::string& output, int64_t max_side, int64_t quality, bool raw,
+    const c10::optional<std::vector<std::string>>& classes, bool skip_corrupt) {
+  PackOptions options = PackOptions().max_side(max_side).quality(quality).raw(raw).classes(
+      classes.value_or(std::vector<std::string>{}));
+  if (skip_corrupt) options.skipped(std::make_shared<SkippedInputs>());
+  const PackSummary summary = pack_image_folder(source, output, options);
+  return {summary.records, summary.resumed, summary.bytes,
+          options.skipped() ? options.skipped()->lines() : std::vector<std::string>{}};
+}
+
+std::tuple<std::vector<torch::Tensor>, torch::Tensor, std::vector<std::string>> read_pack_op(const std::string& path) {
+  const PackedImages pack(path);
+  std::vector<torch::Tensor> images;
+  for (int64_t i = 0; i < pack.size(); ++i) images.push_back(decode_record(pack, i));
+  return {images, torch::tensor(pack.labels(), torch::kLong), pack.classes()};
 }
 
 std::tuple<std::vector<std::string>, std::vector<int64_t>, std::vector<std::string>> list_image_folder_op(
@@ -190,6 +227,19 @@ TORCH_LIBRARY_FRAGMENT(afterburner, m) {
         "float[] std, float flip, bool reduced_decode) -> __torch__.torch.classes.afterburner.Loader",
         image_folder_loader_op);
   m.def("list_image_folder(str dir, str[]? classes=None) -> (str[], int[], str[])", list_image_folder_op);
+  // A pack's loader, as image_folder_loader's; packing an image folder; a pack read whole (pack.h).
+  m.def("pack_loader(str path, int size, bool train, int batch_size, bool shuffle, bool drop_last, int workers, "
+        "int prefetch, int seed, bool channels_last, float[] mean, float[] std, float flip, bool reduced_decode) "
+        "-> __torch__.torch.classes.afterburner.Loader",
+        pack_loader_op);
+  m.def("pack_image_folder(str source, str output, int max_side=0, int quality=90, bool raw=False, "
+        "str[]? classes=None, bool skip_corrupt=False) -> (int, int, int, str[])",
+        pack_image_folder_op);
+  m.def("read_pack(str path) -> (Tensor[], Tensor, str[])", read_pack_op);
+  m.def("read_pack_index(str path) -> (int, int[], str[])", [](const std::string& path) {
+    const PackedImages pack(path);
+    return std::make_tuple(pack.size(), pack.labels(), pack.classes());
+  });
   // The pipeline's resampling of one box of a uint8 [C, H, W] image to size x size (float, 0..255).
   m.def("resample_box(Tensor image, int x, int y, int width, int height, int size) -> Tensor", resample_box_op);
   // One JPEG or PNG file as uint8 [C, H, W] (data/image_file.h).

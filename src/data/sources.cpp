@@ -11,7 +11,9 @@
 #include "afterburner/data/csv.h"
 #include "afterburner/data/idx.h"
 #include "afterburner/data/image_folder.h"
+#include "afterburner/data/image_pipeline.h"
 #include "afterburner/data/npy.h"
+#include "afterburner/data/pack.h"
 
 namespace afterburner::data {
 namespace {
@@ -19,7 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr DataFormat kFormats[] = {DataFormat::idx, DataFormat::folder, DataFormat::cifar, DataFormat::npy,
-                                   DataFormat::csv};
+                                   DataFormat::csv, DataFormat::pack};
 
 bool is_csv_file(const fs::path& path) {
   std::string extension = path.extension().string();
@@ -76,13 +78,24 @@ std::string csv_file(const std::string& path, Split split) {
   return file;
 }
 
+// The pack at `path`, whose classes must be `classes` when they are given (a training set's).
+std::shared_ptr<const PackedImages> open_pack(const std::string& path, const std::vector<std::string>& classes) {
+  auto pack = std::make_shared<const PackedImages>(path);
+  if (!classes.empty() && pack->classes() != classes) {
+    throw DataError(path, fmt::format("packs the classes {}, not the training set's {}: pack its folder with "
+                                      "--classes-from the training pack",
+                                      fmt::join(pack->classes(), ", "), fmt::join(classes, ", ")));
+  }
+  return pack;
+}
+
 }  // namespace
 
 DataFormat parse_data_format(const std::string& name) {
   for (DataFormat format : kFormats) {
     if (name == data_format_name(format)) return format;
   }
-  throw UsageError("--data-format", fmt::format("'{}' is not one of idx, folder, cifar, npy, csv (or auto)", name));
+  throw UsageError("--data-format", fmt::format("'{}' is not one of idx, folder, cifar, npy, csv, pack (or auto)", name));
 }
 
 const char* data_format_name(DataFormat format) {
@@ -92,6 +105,7 @@ const char* data_format_name(DataFormat format) {
     case DataFormat::cifar: return "cifar";
     case DataFormat::npy: return "npy";
     case DataFormat::csv: return "csv";
+    case DataFormat::pack: return "pack";
   }
   return "unknown";
 }
@@ -104,7 +118,7 @@ bool has_split_folders(const std::string& dir) {
 bool holds_test_split(const std::string& path, DataFormat format) {
   if (format == DataFormat::folder) return has_split_folders(path);
   if (format == DataFormat::csv) return fs::is_directory(path);
-  return true;
+  return format != DataFormat::pack;
 }
 
 std::string image_folder_split(const std::string& dir, Split split) {
@@ -118,9 +132,10 @@ DataFormat detect_data_format(const std::string& path) {
   if (!fs::exists(path)) throw DataError(path, "no such file or folder");
   if (is_array_dataset(path)) return DataFormat::npy;
   if (is_csv_file(path)) return DataFormat::csv;
+  if (is_pack_file(path)) return DataFormat::pack;
   if (!fs::is_directory(path)) {
     throw DataError(path, "not a dataset: expected a folder (IDX files, CIFAR batches, class folders, .npy "
-                          "arrays, train and test CSV files), an .npz archive or a .csv file");
+                          "arrays, train and test CSV files), an .npz archive, a .csv file or an .abpk pack");
   }
   if (is_idx_folder(path)) return DataFormat::idx;
   if (is_cifar_folder(path)) return DataFormat::cifar;
@@ -130,10 +145,24 @@ DataFormat detect_data_format(const std::string& path) {
                         "x_train.npy and its kin, a *train.csv and a *test.csv, or one folder of images per class");
 }
 
+std::shared_ptr<const ImageRecords> open_image_records(const std::string& path, DataFormat format, Split split,
+                                                       const std::vector<std::string>& classes,
+                                                       const std::shared_ptr<SkippedInputs>& skipped) {
+  if (format == DataFormat::pack) return open_pack(path, classes);
+  if (format != DataFormat::folder) {
+    throw UsageError("--decode", fmt::format("each-epoch decodes image folders and packs; {} holds {} data", path,
+                                             data_format_name(format)));
+  }
+  ImageFileList list = list_image_folder(image_folder_split(path, split), classes, skipped.get());
+  return std::make_shared<const ImageFiles>(skipped ? readable_images(list, *skipped) : std::move(list));
+}
+
 LabelledDataset load_images(const std::string& path, DataFormat format, Split split, const SourceOptions& options) {
   const int64_t image_size = options.image_size();
   LabelledDataset loaded;
   switch (format) {
+    case DataFormat::pack:
+      return decode_records(*open_pack(path, options.classes()), image_size, options.skipped().get(), path);
     case DataFormat::folder:
       return load_image_folder(image_folder_split(path, split), ImageFolderOptions()
                                                                    .image_size(image_size)

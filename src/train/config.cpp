@@ -147,8 +147,8 @@ std::vector<ConfigField> make_fields() {
            "a *train.csv and a *test.csv; an .npz archive; a CSV file (one set; pixel rows of a square count are "
            "grayscale images, other rows features)",
            &TrainConfig::data),
-      text("data_format", "auto (told by what --data holds), idx, folder, cifar, npy or csv", &TrainConfig::data_format,
-           {"auto", "idx", "folder", "cifar", "npy", "csv"}),
+      text("data_format", "auto (told by what --data holds), idx, folder, cifar, npy, csv or pack",
+           &TrainConfig::data_format, {"auto", "idx", "folder", "cifar", "npy", "csv", "pack"}),
       text("label_column",
            "a CSV file's label column, by header name or index (default: the column named label, target, class "
            "or y, else the last)",
@@ -164,10 +164,11 @@ std::vector<ConfigField> make_fields() {
               "stored, one square size)",
               &TrainConfig::image_size, 0),
       text("decode",
-           "image folders: once (every image decoded into memory at --image-size) or each-epoch (decoded by the "
-           "loader's workers every epoch with RandomResizedCrop and a horizontal flip, as torchvision's ImageNet "
-           "training; evaluation on the centre crop; --image-size 224 unless given)",
-           &TrainConfig::decode, {"once", "each-epoch"}),
+           "image folders and packs: once (every image decoded into memory at --image-size) or each-epoch (decoded "
+           "by the loader's workers every epoch with RandomResizedCrop and a horizontal flip, as torchvision's "
+           "ImageNet training; evaluation on the centre crop; --image-size 224 unless given); auto: each-epoch for "
+           "packs, once for folders",
+           &TrainConfig::decode, {"auto", "once", "each-epoch"}),
       integer("epochs", "passes over the training set", &TrainConfig::epochs, 1),
       integer("batch_size", "samples per micro-batch, over all data-parallel ranks together", &TrainConfig::batch_size, 1),
       integer("eval_batch_size", "samples per evaluation batch", &TrainConfig::eval_batch_size, 1),

@@ -16,6 +16,7 @@
 #include "afterburner/core/threads.h"
 #include "afterburner/data/image_pipeline.h"
 #include "afterburner/data/loader.h"
+#include "afterburner/data/pack.h"
 #include "afterburner/data/sources.h"
 #include "afterburner/data/transforms.h"
 #include "afterburner/infer/model_file.h"
@@ -248,16 +249,18 @@ std::shared_ptr<data::SkippedInputs> skipped_inputs(const TrainConfig& config) {
 [[noreturn]] void no_evaluation_set(const TrainConfig& config, data::DataFormat format) {
   const std::string holds = format == data::DataFormat::csv
                                 ? "is one CSV file (a folder of a *train.csv and a *test.csv holds both sets)"
-                                : "holds one set of class folders and no val/ or test/ beside a train/";
+                                : format == data::DataFormat::pack
+                                      ? "is one pack (of one image folder)"
+                                      : "holds one set of class folders and no val/ or test/ beside a train/";
   throw UsageError("--data", config.data + " " + holds + ": give --val-data PATH or --validation-split F to "
                                                          "evaluate on");
 }
 
-// An image folder decoded by the loader's workers each epoch (data/image_pipeline.h): training
-// images with RandomResizedCrop and a flip, evaluation ones on the centre crop, both normalised by
-// the mean and std of the centre crops of up to kStatisticsImages training images (at up to
-// kStatisticsSize pixels: the statistics hardly depend on the size).
-TrainingData load_folder_each_epoch(const TrainConfig& config) {
+// An image folder or a pack decoded by the loader's workers each epoch (data/image_pipeline.h):
+// training images with RandomResizedCrop and a flip, evaluation ones on the centre crop, both
+// normalised by the mean and std of the centre crops of up to kStatisticsImages training images
+// (at up to kStatisticsSize pixels: the statistics hardly depend on the size).
+TrainingData load_each_epoch(const TrainConfig& config, data::DataFormat format) {
   constexpr int64_t kStatisticsImages = 256, kStatisticsSize = 64;
   if (config.augment) {
     throw UsageError("--augment", "pads and shifts stored images; --decode each-epoch crops them at random already");
@@ -265,23 +268,25 @@ TrainingData load_folder_each_epoch(const TrainConfig& config) {
   const int64_t size = config.image_size > 0 ? config.image_size : 224;
   TrainingData data;
   data.skipped = skipped_inputs(config);
-  // Every file is decoded once up front when skipping, so that every epoch's batches are whole.
-  const auto files = [&data](const std::string& dir, const std::vector<std::string>& classes) {
-    data::ImageFileList list = data::list_image_folder(dir, classes, data.skipped.get());
-    return std::make_shared<const data::ImageFiles>(data.skipped ? data::readable_images(list, *data.skipped) : list);
-  };
-  auto train = files(data::image_folder_split(config.data, data::Split::train), {});
+  auto train = data::open_image_records(config.data, format, data::Split::train, {}, data.skipped);
   data.train = train;
-  data.classes = train->files().classes;
+  if (const auto pack = std::dynamic_pointer_cast<const data::PackedImages>(train)) {
+    data.format = fmt::format("pack ({})", pack->describe_storage());
+  }
+  data.classes = train->classes();
   data.evaluated_on = config.validation_split > 0 ? "validation" : "test";
-  std::shared_ptr<const data::ImageFiles> evaluated = train;
+  std::shared_ptr<const data::ImageRecords> evaluated = train;
   if (config.validation_split > 0) {
     std::tie(data.train, data.evaluation) = hold_out(train, config.validation_split, config.seed);
   } else {
-    if (config.val_data.empty() && !data::has_split_folders(config.data)) no_evaluation_set(config, data::DataFormat::folder);
-    const std::string dir =
-        config.val_data.empty() ? data::image_folder_split(config.data, data::Split::test) : config.val_data;
-    evaluated = files(dir, data.classes);
+    if (config.val_data.empty() && !data::holds_test_split(config.data, format)) no_evaluation_set(config, format);
+    if (config.val_data.empty()) {
+      evaluated = data::open_image_records(config.data, format, data::Split::test, data.classes, data.skipped);
+    } else {
+      const data::DataFormat val_format = config.data_format == "auto" ? data::detect_data_format(config.val_data)
+                                                                       : format;
+      evaluated = data::open_image_records(config.val_data, val_format, data::Split::test, data.classes, data.skipped);
+    }
     data.evaluation = evaluated;
   }
   const data::DecodeOptions centre = data::DecodeOptions().size(size).random_resized_crop(false).flip(0);
@@ -300,15 +305,10 @@ TrainingData load_folder_each_epoch(const TrainConfig& config) {
   return data;
 }
 
-TrainingData load_data(const TrainConfig& config) {
-  const data::DataFormat format = config.data_format == "auto" ? data::detect_data_format(config.data)
-                                                               : data::parse_data_format(config.data_format);
-  if (config.decode == "each-epoch") {
-    if (format != data::DataFormat::folder) {
-      throw UsageError("--decode", fmt::format("each-epoch decodes image folders; {} holds {} data", config.data,
-                                               data::data_format_name(format)));
-    }
-    return load_folder_each_epoch(config);
+// The training and evaluation sets of `format` at config.data.
+TrainingData load_data_of(const TrainConfig& config, data::DataFormat format) {
+  if (config.decode == "each-epoch" || (config.decode == "auto" && format == data::DataFormat::pack)) {
+    return load_each_epoch(config, format);
   }
   TrainingData data;
   data.skipped = skipped_inputs(config);
@@ -339,10 +339,19 @@ TrainingData load_data(const TrainConfig& config) {
   return data;
 }
 
+TrainingData load_data(const TrainConfig& config) {
+  const data::DataFormat format = config.data_format == "auto" ? data::detect_data_format(config.data)
+                                                               : data::parse_data_format(config.data_format);
+  TrainingData data = load_data_of(config, format);
+  if (data.format.empty()) data.format = data::data_format_name(format);
+  return data;
+}
+
 }  // namespace
 
 TrainingData load_training_data(const TrainConfig& config) {
   TrainingData data = load_data(config);
+
   const std::vector<std::string> skipped = data.skipped ? data.skipped->lines() : std::vector<std::string>{};
   if (!skipped.empty()) {
     fmt::print(stderr, "afterburner: --skip-corrupt left out {} bad input(s) (the report lists them); the first: {}\n",
@@ -417,7 +426,7 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   p.evaluated_on = data.evaluated_on;
   const std::vector<int64_t> sample = data.features > 0 ? std::vector<int64_t>{data.features}
                                                         : std::vector<int64_t>{data.channels, data.image_size, data.image_size};
-  p.data = {data.train->size(), data.evaluation->size(), sample, data.classes, data.mean, data.std,
+  p.data = {data.format, data.train->size(), data.evaluation->size(), sample, data.classes, data.mean, data.std,
             data.skipped ? data.skipped->lines() : std::vector<std::string>{}};
   ThreadsGuard threads(p.threads());
   p.device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;

@@ -54,6 +54,10 @@ Pixels decode_pixels(const uint8_t* bytes, size_t size, const std::string& sourc
 void decode_pixels(const uint8_t* bytes, size_t size, const std::string& source, int eighths, Pixels& into,
                    const Box* region = nullptr);
 
+// The pixels encoded as a baseline JPEG at `quality` (1-100; libjpeg's defaults otherwise: 4:2:0
+// chroma for colour, as PIL's save). Throws DataError naming `source` if libjpeg fails.
+std::vector<uint8_t> encode_jpeg(const Pixels& pixels, int quality, const std::string& source);
+
 // Decodes `path` (JPEG or PNG, told apart by their signatures, not the file name).
 torch::Tensor decode_image_file(const std::string& path);
 

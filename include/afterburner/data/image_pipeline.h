@@ -31,22 +31,10 @@
 #include "afterburner/data/dataset.h"
 #include "afterburner/data/image_file.h"
 #include "afterburner/data/image_folder.h"
+#include "afterburner/data/image_records.h"
 #include "afterburner/data/transforms.h"
 
 namespace afterburner::data {
-
-// A dataset of image files: get_batch returns the samples' indices as the input (int64 [n]) and
-// their labels, for decode_images to turn into pixels.
-class ImageFiles : public Dataset {
- public:
-  explicit ImageFiles(ImageFileList files);
-  int64_t size() const override;
-  Batch get_batch(const torch::Tensor& indices) const override;
-  const ImageFileList& files() const { return files_; }
-
- private:
-  ImageFileList files_;
-};
 
 struct DecodeOptions {
   // The side of the square images produced.
@@ -75,8 +63,9 @@ struct DecodeOptions {
 // every epoch; the others are recorded in `skipped` in file order and left out.
 ImageFileList readable_images(const ImageFileList& list, SkippedInputs& skipped);
 
-// The transform that turns ImageFiles' batches into float32 [n, channels, size, size] images.
-TransformPtr decode_images(std::shared_ptr<const ImageFiles> files, DecodeOptions options);
+// The transform that turns the batches of `records` (image files, or a pack) into float32
+// [n, channels, size, size] images.
+TransformPtr decode_images(std::shared_ptr<const ImageRecords> records, DecodeOptions options);
 
 // The box resampled to size x size as the pipeline does it: float [C, size, size] in 0..255,
 // equal to torchvision's resized_crop(antialias=True) of the float image to float rounding.

@@ -12,6 +12,7 @@
 //   npy     an .npz archive or a folder of .npy arrays in Keras's layout (npy.h)
 //   csv     a CSV (or TSV) file, or a folder holding a *train.csv and a *test.csv (csv.h:
 //           load_csv_table)
+//   pack    an .abpk file of images packed from an image folder (pack.h): one set
 #pragma once
 
 #include <torch/arg.h>
@@ -21,12 +22,13 @@
 #include <vector>
 
 #include "afterburner/data/dataset.h"
+#include "afterburner/data/image_records.h"
 
 namespace afterburner::data {
 
-enum class DataFormat { idx, folder, cifar, npy, csv };
+enum class DataFormat { idx, folder, cifar, npy, csv, pack };
 
-// "idx", "folder", "cifar", "npy", "csv"; throws UsageError naming --data-format for anything else.
+// "idx", "folder", "cifar", "npy", "csv", "pack"; throws UsageError naming --data-format for anything else.
 DataFormat parse_data_format(const std::string& name);
 const char* data_format_name(DataFormat format);
 
@@ -58,6 +60,13 @@ struct SourceOptions {
   // to an IDX or CIFAR file is to the whole file.
   TORCH_ARG(std::shared_ptr<SkippedInputs>, skipped);
 };
+
+// The images of `split` of an image folder or a pack, to be decoded each epoch (image_pipeline.h),
+// with the training set's `classes` when opening an evaluation set (a pack must hold the same).
+// With `skipped`, an image folder's files are all decoded once, the corrupt ones left out.
+std::shared_ptr<const ImageRecords> open_image_records(const std::string& path, DataFormat format, Split split,
+                                                       const std::vector<std::string>& classes = {},
+                                                       const std::shared_ptr<SkippedInputs>& skipped = nullptr);
 
 // `split` of the dataset at `path`.
 LabelledDataset load_images(const std::string& path, DataFormat format, Split split,

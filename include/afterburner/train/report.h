@@ -41,6 +41,7 @@ struct CommunicationStats {
 
 // What the run trained and evaluated on.
 struct DataSummary {
+  std::string format;  // of --data (data/sources.h), a pack's with how it stores images: "pack (raw, max side 256)"
   int64_t train_samples = 0, evaluation_samples = 0;
   std::vector<int64_t> sample;       // one sample's shape: [C, S, S] for images, [F] for a table's features
   std::vector<std::string> classes;  // label i is classes[i]
