@@ -7,16 +7,20 @@ round, medians of --reps rounds with min and max, and the ratio.
 
     /usr/bin/python3 bench/make_image_folder.py /tmp/jpegs          # 20,000 + 2,000 JPEGs of 300-500 px
     PYTHONPATH=build/python /usr/bin/python3 bench/image_loader.py /tmp/jpegs/train [--reps 3] [--images 3200]
-        [--size 224] [--batch 64] [--workers 0,1,2,3,4] [--eval]
+        [--size 224] [--batch 64] [--workers 0,1,2,3,4] [--eval] [--pack train.abpk ...]
 
 torchvision runs two ways: PIL's decoder and transforms (ImageFolder's default, the tutorials'), and
 torchvision.io's decoder with the same transforms on uint8 tensors; each round's ratio is against
 the faster of the two. Each side runs at its best worker count, measured first over --workers on a
 share of the images (torchvision's: worker processes, persistent; afterburner's: threads); the files are read once
 before the rounds so that both find them in the page cache. --eval measures the evaluation
-transforms instead (Resize(256) + CenterCrop(224); afterburner's centre box).
+transforms instead (Resize(256) + CenterCrop(224); afterburner's centre box). Each --pack (a
+pack of the same folder, `afterburner data pack`) adds an afterburner side reading it, with its own
+ratio against the same torchvision rounds.
 """
 import argparse
+import functools
+import pathlib
 import statistics
 import time
 
@@ -30,9 +34,10 @@ from machine import cpu_description, load_description
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
-def afterburner_loader(args, workers):
-    return afterburner.data.ImageFolder(args.root, size=args.size, train=not args.eval, batch_size=args.batch,
-                                        mean=MEAN, std=STD, workers=workers, shuffle=True, drop_last=True)
+def afterburner_loader(args, workers, root=None):
+    return afterburner.data.ImageFolder(root or args.root, size=args.size, train=not args.eval,
+                                        batch_size=args.batch, mean=MEAN, std=STD, workers=workers, shuffle=True,
+                                        drop_last=True)
 
 
 def decoded_by_torchvision_io(path):
@@ -91,8 +96,14 @@ def main():
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--workers", default="0,1,2,3,4")
     parser.add_argument("--eval", action="store_true")
+    parser.add_argument("--pack", action="append", default=[])
     args = parser.parse_args()
     args.workers = [int(w) for w in args.workers.split(",")]
+    for pack in args.pack:
+        SIDES[f"afterburner {pathlib.Path(pack).name}"] = functools.partial(afterburner_loader, root=pack)
+        with open(pack, "rb") as file:  # into the page cache
+            while file.read(1 << 24):
+                pass
     torch.set_num_threads(2)
     print(f"{cpu_description()}; {load_description()}; {'evaluation' if args.eval else 'training'} transforms, "
           f"{args.size} px, batch {args.batch}", flush=True)
@@ -101,19 +112,25 @@ def main():
             file.read()
     workers = {side: best_workers(side, args) for side in SIDES}
     rates = {side: [] for side in SIDES}
-    ratios = []
+    ours = [side for side in SIDES if side.startswith("afterburner")]
+    ratios = {side: [] for side in ours}
     for round_index in range(args.reps):
         for side in SIDES:
             rates[side].append(images_per_second(SIDES[side](args, workers[side]), args.images))
-        peer = max(rates[side][-1] for side in SIDES if side != "afterburner")  # the faster torchvision
-        ratios.append(rates["afterburner"][-1] / peer)
+        peer = max(rates[side][-1] for side in SIDES if side not in ours)  # the faster torchvision
+        for side in ours:
+            ratios[side].append(rates[side][-1] / peer)
         print(f"  round {round_index + 1}: " + ", ".join(f"{side} {rates[side][-1]:.0f}" for side in SIDES) +
-              f" images/s -> {ratios[-1]:.2f}x the faster torchvision", flush=True)
+              " images/s -> " + ", ".join(f"{ratios[side][-1]:.2f}x" for side in ours) + " the faster torchvision",
+              flush=True)
+    width = max(len(side) for side in SIDES)
     for side in SIDES:
-        print(f"{side:15} {statistics.median(rates[side]):7.0f} images/s ({min(rates[side]):.0f}-"
+        print(f"{side:{width}} {statistics.median(rates[side]):7.0f} images/s ({min(rates[side]):.0f}-"
               f"{max(rates[side]):.0f}), {workers[side]} workers")
-    print(f"ratio           {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) over the faster "
-          f"torchvision of each round; {load_description()}")
+    for side in ours:
+        print(f"ratio of {side}: {statistics.median(ratios[side]):.2f}x ({min(ratios[side]):.2f}-"
+              f"{max(ratios[side]):.2f}) over the faster torchvision of each round")
+    print(load_description())
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "afterburner/core/threads.h"
 #include "afterburner/data/pack.h"
 #include "commands.h"
 
@@ -22,6 +23,7 @@ struct PackArgs {
 };
 
 int run_pack(const PackArgs& args) {
+  const ThreadsGuard threads(available_cores());  // images are decoded and encoded in parallel
   data::PackOptions options = data::PackOptions().max_side(args.max_side).quality(args.quality).raw(args.raw);
   if (!args.classes_from.empty()) options.classes(data::PackedImages(args.classes_from).classes());
   if (args.skip_corrupt) options.skipped(std::make_shared<data::SkippedInputs>());

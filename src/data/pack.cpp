@@ -104,6 +104,10 @@ uint64_t placed(uint64_t end, uint64_t bytes) {
 
 std::string errno_text() { return std::strerror(errno); }
 
+[[noreturn]] void cannot_write(const std::string& path) {
+  throw FileWriteError(path, "cannot write: " + errno_text());
+}
+
 // What a pack holds, written into its header page (and a partial pack's, to resume only the same).
 std::string identity(const std::string& source, const PackOptions& options) {
   return fmt::format("source={}\nmax_side={}\nquality={}\nraw={}\nclasses={}\n", fs::absolute(source).string(),
@@ -122,7 +126,9 @@ struct PackedImage {
 Pixels fitted(const Pixels& pixels, int64_t max_side) {
   const int64_t longer = std::max(pixels.width, pixels.height);
   if (max_side <= 0 || longer <= max_side) return pixels;
-  const auto scaled = [&](int64_t side) { return std::max<int64_t>(1, std::llround(double(side) * max_side / longer)); };
+  const auto scaled = [&](int64_t side) {
+    return std::max<int64_t>(1, std::llround(double(side) * max_side / longer));
+  };
   const int64_t width = scaled(pixels.width), height = scaled(pixels.height);
   const torch::Tensor chw = torch::from_blob(const_cast<uint8_t*>(pixels.hwc.data()),
                                              {pixels.height, pixels.width, pixels.channels}, torch::kByte)
@@ -185,7 +191,7 @@ class PackWriter {
  public:
   PackWriter(const std::string& path, const std::string& identity) : path_(path) {
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw FileWriteError(path, "cannot write: " + errno_text());
+    if (fd_ < 0) cannot_write(path);
     if (!resume(identity)) start(identity);
   }
   ~PackWriter() {
@@ -232,7 +238,7 @@ class PackWriter {
     }
     const uint64_t file_bytes = classes_offset + (tail.size() - (classes_offset - index_offset));
     write_at(index_offset, tail);
-    if (::ftruncate(fd_, static_cast<off_t>(file_bytes)) != 0) throw FileWriteError(path_, "cannot write: " + errno_text());
+    if (::ftruncate(fd_, static_cast<off_t>(file_bytes)) != 0) cannot_write(path_);
     std::vector<uint8_t> header(kPackMagic, kPackMagic + sizeof(kPackMagic));
     put<uint32_t>(header, kVersion);
     put<uint32_t>(header, options.raw() ? kRawFlag : 0);
@@ -245,10 +251,10 @@ class PackWriter {
     put<uint32_t>(header, static_cast<uint32_t>(kBlockBytes));
     put<uint32_t>(header, crc_of(header.data(), header.size()));
     header.resize(kHeaderBytes, 0);
-    if (::fsync(fd_) != 0) throw FileWriteError(path_, "cannot write: " + errno_text());
+    if (::fsync(fd_) != 0) cannot_write(path_);
     write_at(0, header);  // last: until now the file reads as a partial pack
-    if (::fsync(fd_) != 0) throw FileWriteError(path_, "cannot write: " + errno_text());
-    if (std::rename(path_.c_str(), output.c_str()) != 0) throw FileWriteError(output, "cannot write: " + errno_text());
+    if (::fsync(fd_) != 0) cannot_write(path_);
+    if (std::rename(path_.c_str(), output.c_str()) != 0) cannot_write(output);
     return file_bytes;
   }
 
@@ -264,7 +270,7 @@ class PackWriter {
   }
 
   void start(const std::string& identity) {
-    if (::ftruncate(fd_, 0) != 0) throw FileWriteError(path_, "cannot write: " + errno_text());
+    if (::ftruncate(fd_, 0) != 0) cannot_write(path_);
     std::vector<uint8_t> header = partial_header(identity);
     header.resize(kHeaderBytes, 0);
     write_at(0, header);
@@ -297,7 +303,7 @@ class PackWriter {
       records_.push_back(r);
       at += kRecordHeaderBytes + r.payload;
     }
-    if (::ftruncate(fd_, static_cast<off_t>(at)) != 0) throw FileWriteError(path_, "cannot write: " + errno_text());
+    if (::ftruncate(fd_, static_cast<off_t>(at)) != 0) cannot_write(path_);
     end_ = at;
     return true;
   }
@@ -392,11 +398,15 @@ void PackedImages::read_layout() {
     throw DataError(path_, "an unfinished pack: run `afterburner data pack` again with the same source and options "
                            "to finish it");
   }
-  if (std::memcmp(map_, kPackMagic, sizeof(kPackMagic)) != 0) throw DataError(path_, "not an .abpk pack (its magic differs)");
+  if (std::memcmp(map_, kPackMagic, sizeof(kPackMagic)) != 0) {
+    throw DataError(path_, "not an .abpk pack (its magic differs)");
+  }
   constexpr size_t kHeaderFields = 60;
   if (get<uint32_t>(map_ + kHeaderFields) != crc_of(map_, kHeaderFields)) throw damaged("its header fails its CRC-32");
   const auto version = get<uint32_t>(map_ + 8);
-  if (version != kVersion) throw DataError(path_, fmt::format("pack version {}; this afterburner reads {}", version, kVersion));
+  if (version != kVersion) {
+    throw DataError(path_, fmt::format("pack version {}; this afterburner reads {}", version, kVersion));
+  }
   const bool raw = get<uint32_t>(map_ + 12) & kRawFlag;
   const auto records = get<uint64_t>(map_ + 16), index_offset = get<uint64_t>(map_ + 24);
   const auto classes_offset = get<uint64_t>(map_ + 32), file_bytes = get<uint64_t>(map_ + 40);
@@ -447,7 +457,9 @@ ImageRecords::Record PackedImages::record(int64_t index, std::vector<char>& /*sc
   const Entry& entry = entries_.at(static_cast<size_t>(index));
   const uint8_t* bytes = map_ + entry.payload_offset;
   if (!checked_[index].load(std::memory_order_relaxed)) {
-    if (crc_of(bytes, entry.payload) != entry.crc) throw DataError(source(index), "fails its CRC-32 check: the pack is damaged");
+    if (crc_of(bytes, entry.payload) != entry.crc) {
+      throw DataError(source(index), "fails its CRC-32 check: the pack is damaged");
+    }
     checked_[index].store(true, std::memory_order_relaxed);
   }
   return {bytes, entry.payload, entry.raw, entry.width, entry.height, entry.channels};

@@ -35,12 +35,11 @@ std::string csv_split_file(const fs::path& dir, Split split) {
   std::vector<std::string> found;
   for (const char* suffix : split == Split::train ? std::vector<const char*>{"train"}
                                                   : std::vector<const char*>{"test", "val"}) {
+    const size_t length = std::strlen(suffix);
     for (const auto& entry : fs::directory_iterator(dir)) {
       const std::string stem = entry.path().stem().string();
-      const size_t length = std::strlen(suffix);
-      if (is_csv_file(entry.path()) && stem.size() >= length && stem.compare(stem.size() - length, length, suffix) == 0) {
-        found.push_back(entry.path().string());
-      }
+      const bool named = stem.size() >= length && stem.compare(stem.size() - length, length, suffix) == 0;
+      if (named && is_csv_file(entry.path())) found.push_back(entry.path().string());
     }
     if (!found.empty()) break;
   }
@@ -95,7 +94,8 @@ DataFormat parse_data_format(const std::string& name) {
   for (DataFormat format : kFormats) {
     if (name == data_format_name(format)) return format;
   }
-  throw UsageError("--data-format", fmt::format("'{}' is not one of idx, folder, cifar, npy, csv, pack (or auto)", name));
+  throw UsageError("--data-format",
+                   fmt::format("'{}' is not one of idx, folder, cifar, npy, csv, pack (or auto)", name));
 }
 
 const char* data_format_name(DataFormat format) {

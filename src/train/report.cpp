@@ -81,8 +81,8 @@ std::string TrainReport::summary() const {
                         fmt::join(named, ", "), data.classes.size() > kNamed ? ", ..." : "");
   }
   if (!data.skipped.empty()) {
-    text += fmt::format("skipped            {} bad input(s), listed in the report; the first: {}\n", data.skipped.size(),
-                        data.skipped.front());
+    text += fmt::format("skipped            {} bad input(s), listed in the report; the first: {}\n",
+                        data.skipped.size(), data.skipped.front());
   }
   if (world_size > 1) {
     text += fmt::format("ranks              {}, each with batch {} (speeds and samples count all ranks)\n", world_size,

@@ -74,7 +74,9 @@ double divisor(double spread) { return spread > 0 ? spread : 1.0; }
 // Exact statistics of uint8 images from each channel's histogram of the 256 pixel values,
 // without a floating-point copy of the whole set.
 void describe_images(const torch::Tensor& all, TrainingData& stats) {
-  if (all.dim() != 4 || all.size(2) != all.size(3)) throw UsageError("--data", "expected square uint8 images [N, C, H, W]");
+  if (all.dim() != 4 || all.size(2) != all.size(3)) {
+    throw UsageError("--data", "expected square uint8 images [N, C, H, W]");
+  }
   stats.channels = all.size(1);
   stats.image_size = all.size(2);
   auto levels = torch::arange(256, torch::kDouble).div_(255.0);
@@ -351,7 +353,6 @@ TrainingData load_data(const TrainConfig& config) {
 
 TrainingData load_training_data(const TrainConfig& config) {
   TrainingData data = load_data(config);
-
   const std::vector<std::string> skipped = data.skipped ? data.skipped->lines() : std::vector<std::string>{};
   if (!skipped.empty()) {
     fmt::print(stderr, "afterburner: --skip-corrupt left out {} bad input(s) (the report lists them); the first: {}\n",
@@ -424,8 +425,9 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   auto& p = *parts_;
   p.config = config;
   p.evaluated_on = data.evaluated_on;
-  const std::vector<int64_t> sample = data.features > 0 ? std::vector<int64_t>{data.features}
-                                                        : std::vector<int64_t>{data.channels, data.image_size, data.image_size};
+  const std::vector<int64_t> sample =
+      data.features > 0 ? std::vector<int64_t>{data.features}
+                        : std::vector<int64_t>{data.channels, data.image_size, data.image_size};
   p.data = {data.format, data.train->size(), data.evaluation->size(), sample, data.classes, data.mean, data.std,
             data.skipped ? data.skipped->lines() : std::vector<std::string>{}};
   ThreadsGuard threads(p.threads());
