@@ -286,25 +286,26 @@ class PackWriter {
     const uint64_t size = existing.size();
     const std::vector<uint8_t> expected = partial_header(identity);
     if (size < kHeaderBytes || std::memcmp(bytes, expected.data(), expected.size()) != 0) return false;
-    uint64_t at = kHeaderBytes;
+    uint64_t end = kHeaderBytes;  // of the last whole record
     while (true) {
-      if (at + kRecordHeaderBytes <= size && get<uint32_t>(bytes + at) == 0 && at % kBlockBytes != 0) {
+      uint64_t at = end;
+      if (at + 4 <= size && get<uint32_t>(bytes + at) == 0 && at % kBlockBytes != 0) {
         at = at - at % kBlockBytes + kBlockBytes;  // the padding before a record that starts a block
       }
       if (at + kRecordHeaderBytes > size || get<uint32_t>(bytes + at) != kRecordMagic) break;
       RecordHeader r = decode_fields(bytes + at);
       r.offset = at;
       r.source = get<uint32_t>(bytes + at + 4);
-      if (at + kRecordHeaderBytes + r.payload > size || placed(at, kRecordHeaderBytes + r.payload) != at ||
+      if (at + kRecordHeaderBytes + r.payload > size || placed(end, kRecordHeaderBytes + r.payload) != at ||
           (!records_.empty() && r.source <= records_.back().source) ||
           crc_of(bytes + at + kRecordHeaderBytes, r.payload) != r.crc) {
         break;
       }
       records_.push_back(r);
-      at += kRecordHeaderBytes + r.payload;
+      end = at + kRecordHeaderBytes + r.payload;
     }
-    if (::ftruncate(fd_, static_cast<off_t>(at)) != 0) cannot_write(path_);
-    end_ = at;
+    if (::ftruncate(fd_, static_cast<off_t>(end)) != 0) cannot_write(path_);
+    end_ = end;
     return true;
   }
 
