@@ -125,8 +125,9 @@ void write_file_atomically(const std::string& path, const std::function<void(con
   file.commit();
 }
 
-void write_file_atomically(const std::string& path, const torch::jit::Module& module) {
-  write_file_atomically(path, [&](const ByteSink& sink) { torch::jit::ExportModule(module, sink); });
+void write_file_atomically(const std::string& path, const torch::jit::Module& module,
+                           const std::unordered_map<std::string, std::string>& extra_files) {
+  write_file_atomically(path, [&](const ByteSink& sink) { torch::jit::ExportModule(module, sink, extra_files); });
 }
 
 void write_file_atomically(const std::string& path, torch::serialize::OutputArchive& archive) {

@@ -1,5 +1,6 @@
 #include "afterburner/infer/model_file.h"
 
+#include <caffe2/serialize/inline_container.h>
 #include <torch/script.h>
 
 #include <filesystem>
@@ -29,9 +30,25 @@ torch::jit::Module load_model(const std::string& path) {
   }
 }
 
-void save_model(const torch::jit::Module& model, const std::string& path) {
+std::string read_model_metadata(const std::string& path) {
+  const std::string record = std::string("extra/") + kMetadataFile;
   try {
-    write_file_atomically(path, model);
+    check_archive(path);
+    caffe2::serialize::PyTorchStreamReader archive(path);  // reads the one record, not the weights
+    if (!archive.hasRecord(record)) return "";
+    const auto [bytes, size] = archive.getRecord(record);
+    return {static_cast<const char*>(bytes.get()), size};
+  } catch (const ArchiveError& e) {
+    throw ModelError(path, "not a loadable TorchScript model (" + e.problem() + ")");
+  } catch (const std::exception& e) {
+    throw ModelError(path, "not a loadable TorchScript model (" + first_line(e) + ")");
+  }
+}
+
+void save_model(const torch::jit::Module& model, const std::string& path, const std::string& metadata) {
+  try {
+    write_file_atomically(path, model,
+                          metadata.empty() ? torch::jit::ExtraFilesMap{} : torch::jit::ExtraFilesMap{{kMetadataFile, metadata}});
   } catch (const FileWriteError& e) {
     throw ModelError(path, e.problem());
   } catch (const c10::Error& e) {

@@ -246,7 +246,7 @@ OptimizeFileReport optimize_file(const std::string& input, const std::string& ou
     throw Error(fmt::format("{}: not written, verification failed: {} (tolerance: {}); --force writes it anyway",
                             output, describe(report.outputs), describe(report.tolerance)));
   }
-  save_model(result.model, output);
+  save_model(result.model, output, read_model_metadata(input));  // the class names and normalisation
   notify(options, Step::written, report);
 
   if (options.measure_seconds() > 0) {

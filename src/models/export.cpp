@@ -137,12 +137,13 @@ Module export_sequential(const nn::Sequential& seq, const CompilationUnitPtr& un
 
 }  // namespace
 
-void export_torchscript(const torch::nn::Sequential& model, const std::string& path) {
+void export_torchscript(const torch::nn::Sequential& model, const std::string& path,
+                        const std::unordered_map<std::string, std::string>& extra_files) {
   auto unit = std::make_shared<torch::jit::CompilationUnit>();
   Module module = export_sequential(model, unit);
   module.eval();
   try {
-    write_file_atomically(path, module);
+    write_file_atomically(path, module, extra_files);
   } catch (const c10::Error& e) {
     const std::string message = e.what_without_backtrace();
     throw Error(path + ": cannot write the TorchScript file (" + message.substr(0, message.find('\n')) + ")");

@@ -1,6 +1,7 @@
 #include "afterburner/train/session.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -524,16 +525,39 @@ const TrainConfig& TrainingSession::config() const { return parts_->config; }
 
 int64_t TrainingSession::rank() const { return parts_->rank; }
 
+namespace {
+
+// What the exported model's outputs and input are (infer/model_file.h, kMetadataFile): the
+// classes its logits index, and the normalisation its training batches had.
+std::string export_metadata(const DataSummary& data) {
+  const bool table = data.sample.size() == 1;
+  const nlohmann::json metadata = {
+      {"classes", data.classes},
+      {"input",
+       {{"shape", data.sample},
+        {"dtype", "float32"},
+        {"scale", table ? 1.0 : 1.0 / 255},
+        {"mean", data.mean},
+        {"std", data.std},
+        {"normalisation", table ? "(value - mean[f]) / std[f] for each feature f"
+                                : "(pixel * scale - mean[c]) / std[c] for each channel c of uint8 pixels"}}},
+      {"data", data.format}};
+  return metadata.dump(2);
+}
+
+}  // namespace
+
 void TrainingSession::export_model(const std::string& path) const {
+  const std::string metadata = export_metadata(parts_->data);
   if (parts_->script) {
     // In evaluation mode, as the zoo's exports: torch.jit.load gives a model ready to predict.
     torch::jit::Module& script = *parts_->script;
     const bool training = script.is_training();
     script.eval();
-    infer::save_model(script, path);
+    infer::save_model(script, path, metadata);
     script.train(training);
   } else {
-    models::export_torchscript(parts_->model, path);
+    models::export_torchscript(parts_->model, path, {{infer::kMetadataFile, metadata}});
   }
 }
 

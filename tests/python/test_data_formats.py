@@ -409,7 +409,11 @@ def test_train_learns_a_table_standardised_per_feature(tmp_path):
     write_table(tmp_path / "test.csv", *blobs(200, 3))
     length = ("--epochs", "3", "--batch-size", "32", "--lr", "0.02")
     report = train_report(tmp_path / "train.csv", tmp_path, "--val-data", str(tmp_path / "test.csv"), "--model", "mlp",
-                          length=length)
+                          "--export", str(tmp_path / "table.pt"), length=length)
+    metadata = {"afterburner.json": ""}
+    torch.jit.load(str(tmp_path / "table.pt"), _extra_files=metadata)
+    normalise = json.loads(metadata["afterburner.json"])["input"]
+    assert (normalise["shape"], normalise["scale"], normalise["mean"]) == ([5], 1, report["data"]["mean"])
     assert report["test_accuracy"] > 0.9
     described = report["data"]
     assert (described["train_samples"], described["evaluation_samples"], described["sample"]) == (600, 200, [5])
@@ -493,3 +497,32 @@ def test_skip_corrupt_leaves_out_and_lists_each_bad_input(tmp_path):
     described = json.loads(report_path.read_text())["data"]
     assert described["evaluation_samples"] == 2
     assert described["skipped"] == [f"{arrays / 'y_test.npy'}: label 7 at index 1 is outside the model's 3 classes"]
+
+
+@pytest.mark.skipif(not BINARY, reason="AFTERBURNER_BINARY is set by ctest")
+def test_an_exported_model_names_its_classes_and_normalisation(formats, tmp_path):
+    """The export's afterburner.json alone is enough to use the model: normalising the test images
+    by it, Python's predictions give the run's test accuracy; optimize carries it over."""
+    paths, splits = formats
+    exported, optimized = tmp_path / "model.pt", tmp_path / "optimized.pt"
+    report = train_report(paths["folder"], tmp_path, "--precision", "fp32", "--export", str(exported))
+    metadata = {"afterburner.json": ""}
+    model = torch.jit.load(str(exported), _extra_files=metadata)
+    described = json.loads(metadata["afterburner.json"])
+    assert described["classes"] == report["data"]["classes"] == [f"class{i}" for i in range(10)]
+    normalise = described["input"]
+    assert normalise["shape"] == [1, 28, 28] and normalise["scale"] == 1 / 255
+    assert normalise["mean"] == report["data"]["mean"] and normalise["std"] == report["data"]["std"]
+    images, labels = splits["test"]
+    pixels = torch.from_numpy(images.copy())[:, None].float() * normalise["scale"]
+    inputs = (pixels - torch.tensor(normalise["mean"])[:, None, None]) / torch.tensor(normalise["std"])[:, None, None]
+    with torch.no_grad():
+        predicted = model(inputs).argmax(1)
+    accuracy = (predicted == torch.from_numpy(labels.astype(numpy.int64))).float().mean().item()
+    assert abs(accuracy - report["test_accuracy"]) <= 1 / TEST + 1e-9
+    run = subprocess.run([BINARY, "optimize", str(exported), "-o", str(optimized), "--input-shape", "1,28,28"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    carried = {"afterburner.json": ""}
+    torch.jit.load(str(optimized), _extra_files=carried)
+    assert carried == metadata

@@ -21,6 +21,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "afterburner/core/error.h"
 
@@ -90,8 +91,10 @@ class FileWriter {
 void write_file_atomically(const std::string& path, std::string_view bytes);
 // `produce` writes the content through the sink it is given.
 void write_file_atomically(const std::string& path, const std::function<void(const ByteSink&)>& produce);
-// The module as torch::jit::Module::save writes it (Python's torch.jit.load reads it).
-void write_file_atomically(const std::string& path, const torch::jit::Module& module);
+// The module as torch::jit::Module::save writes it (Python's torch.jit.load reads it), with
+// `extra_files` (name -> content) in the archive's extra/ folder (torch.jit.load's _extra_files).
+void write_file_atomically(const std::string& path, const torch::jit::Module& module,
+                           const std::unordered_map<std::string, std::string>& extra_files = {});
 void write_file_atomically(const std::string& path, torch::serialize::OutputArchive& archive);
 
 }  // namespace afterburner

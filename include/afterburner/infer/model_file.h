@@ -23,9 +23,19 @@ class ModelError : public Error {
 // TorchScript archive, or one whose code cannot be compiled; the message is one line.
 torch::jit::Module load_model(const std::string& path);
 
+// What `afterburner train --export` says of the model it writes, kept in the file beside it (the
+// archive's extra file afterburner.json; Python: torch.jit.load(path, _extra_files={
+// "afterburner.json": ""})): the class names its outputs index and the normalisation its input
+// takes. `optimize` carries it over.
+constexpr const char* kMetadataFile = "afterburner.json";
+
+// The model file's afterburner.json, "" when it has none. Throws ModelError as load_model.
+std::string read_model_metadata(const std::string& path);
+
 // Writes through a temporary file renamed over `path` (core/file_writer.h), so a reader never
-// sees a partial file and a failed write leaves `path` as it was. Throws ModelError naming `path`.
-void save_model(const torch::jit::Module& model, const std::string& path);
+// sees a partial file and a failed write leaves `path` as it was; with `metadata`, as its
+// afterburner.json. Throws ModelError naming `path`.
+void save_model(const torch::jit::Module& model, const std::string& path, const std::string& metadata = "");
 
 // A deep copy: types, submodules and tensors of its own, each tensor aliasing the copy's others
 // exactly as the original's alias each other (tied weights stay one tensor; views of one

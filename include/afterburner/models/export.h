@@ -9,6 +9,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <string>
+#include <unordered_map>
 
 namespace afterburner::models {
 
@@ -29,6 +30,8 @@ std::string batch_norm_torchscript(double eps);
 // sketch::script_layer writes them) and any SelfExportingLayer. Any other layer throws an Error
 // naming it.
 // Parameters keep their names (weight, bias, running_mean, ...); layer i becomes submodule "layer<i>".
-void export_torchscript(const torch::nn::Sequential& model, const std::string& path);
+// `extra_files` are written into the archive as write_file_atomically writes them.
+void export_torchscript(const torch::nn::Sequential& model, const std::string& path,
+                        const std::unordered_map<std::string, std::string>& extra_files = {});
 
 }  // namespace afterburner::models
