@@ -107,6 +107,11 @@ SubsetDataset::SubsetDataset(DatasetPtr base, torch::Tensor indices) : base_(std
 
 int64_t SubsetDataset::size() const { return indices_.size(0); }
 
+torch::Tensor SubsetDataset::storage_blocks() const {
+  const torch::Tensor blocks = base_->storage_blocks();
+  return blocks.defined() ? blocks.index_select(0, indices_) : blocks;
+}
+
 Batch SubsetDataset::get_batch(const torch::Tensor& indices) const {
   check_indices(indices, size());
   return base_->get_batch(indices_.index_select(0, indices));

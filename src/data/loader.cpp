@@ -52,6 +52,33 @@ void check_shard(const Shard& shard) {
 
 }  // namespace
 
+torch::Tensor block_local_order(const torch::Tensor& blocks, int64_t window, uint64_t seed) {
+  if (window < 1) throw UsageError("block_window", fmt::format("{} is not positive", window));
+  // The samples grouped by block (in sample order within one), and where each block's start.
+  const torch::Tensor by_block = std::get<1>(blocks.to(torch::kLong).sort(c10::optional<bool>(true), /*dim=*/0));
+  const torch::Tensor counts = std::get<2>(torch::unique_consecutive(blocks.index_select(0, by_block), false, true));
+  const torch::Tensor starts = (counts.cumsum(0) - counts).contiguous();
+  const int64_t* sample = by_block.data_ptr<int64_t>();
+  const int64_t* start = starts.data_ptr<int64_t>();
+  const int64_t* count = counts.data_ptr<int64_t>();
+  const torch::Tensor block_order = shuffled_order(counts.size(0), derive_seed(seed, 0));
+  const int64_t* block = block_order.data_ptr<int64_t>();
+  torch::Tensor order = torch::empty({blocks.size(0)}, torch::kLong);
+  int64_t* out = order.data_ptr<int64_t>();
+  int64_t done = 0;
+  std::vector<int64_t> gathered;
+  for (int64_t first = 0; first < block_order.size(0); first += window) {
+    gathered.clear();
+    for (int64_t b = first; b < std::min(first + window, block_order.size(0)); ++b) {
+      gathered.insert(gathered.end(), sample + start[block[b]], sample + start[block[b]] + count[block[b]]);
+    }
+    const torch::Tensor within = shuffled_order(static_cast<int64_t>(gathered.size()),
+                                                derive_seed(seed, 1 + static_cast<uint64_t>(first)));
+    for (int64_t i = 0; i < within.size(0); ++i) out[done++] = gathered[within.data_ptr<int64_t>()[i]];
+  }
+  return order;
+}
+
 torch::Tensor sharded_order(int64_t size, const Shard& shard, bool shuffle, uint64_t seed, int64_t epoch) {
   check_shard(shard);
   torch::Tensor order = torch::arange(size, torch::kLong);
@@ -148,7 +175,12 @@ class LoaderCore {
   torch::Tensor order_of(int64_t epoch, uint64_t epoch_seed) const {
     const int64_t size = dataset_->size();
     if (options_.shard()) return sharded_order(size, *options_.shard(), options_.shuffle(), options_.seed(), epoch);
-    return options_.shuffle() ? shuffled_order(size, derive_seed(epoch_seed, 0)) : torch::arange(size, torch::kLong);
+    if (!options_.shuffle()) return torch::arange(size, torch::kLong);
+    if (options_.block_local()) {
+      const torch::Tensor blocks = dataset_->storage_blocks();
+      if (blocks.defined()) return block_local_order(blocks, options_.block_window(), derive_seed(epoch_seed, 0));
+    }
+    return shuffled_order(size, derive_seed(epoch_seed, 0));
   }
 
   // Each rank's augmentation draws its own numbers.

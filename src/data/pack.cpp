@@ -236,16 +236,16 @@ class PackWriter {
       put<uint32_t>(tail, static_cast<uint32_t>(name.size()));
       tail.insert(tail.end(), name.begin(), name.end());
     }
-    const uint64_t file_bytes = classes_offset + (tail.size() - (classes_offset - index_offset));
+    const uint64_t total_bytes = index_offset + tail.size();
     write_at(index_offset, tail);
-    if (::ftruncate(fd_, static_cast<off_t>(file_bytes)) != 0) cannot_write(path_);
+    if (::ftruncate(fd_, static_cast<off_t>(total_bytes)) != 0) cannot_write(path_);
     std::vector<uint8_t> header(kPackMagic, kPackMagic + sizeof(kPackMagic));
     put<uint32_t>(header, kVersion);
     put<uint32_t>(header, options.raw() ? kRawFlag : 0);
     put<uint64_t>(header, records_.size());
     put<uint64_t>(header, index_offset);
     put<uint64_t>(header, classes_offset);
-    put<uint64_t>(header, file_bytes);
+    put<uint64_t>(header, total_bytes);
     put<int32_t>(header, static_cast<int32_t>(options.max_side()));
     put<int32_t>(header, static_cast<int32_t>(options.quality()));
     put<uint32_t>(header, static_cast<uint32_t>(kBlockBytes));
@@ -255,7 +255,7 @@ class PackWriter {
     write_at(0, header);  // last: until now the file reads as a partial pack
     if (::fsync(fd_) != 0) cannot_write(path_);
     if (std::rename(path_.c_str(), output.c_str()) != 0) cannot_write(output);
-    return file_bytes;
+    return total_bytes;
   }
 
  private:
@@ -281,11 +281,18 @@ class PackWriter {
   // payload read back and checked, up to the first that is not (a run killed while writing it),
   // where the file is cut. Returns false when the file holds another pack or none.
   bool resume(const std::string& identity) {
-    const std::vector<char> existing = afterburner::data::file_bytes(path_);
-    const auto* bytes = reinterpret_cast<const uint8_t*>(existing.data());
-    const uint64_t size = existing.size();
+    struct stat status {};
+    if (::fstat(fd_, &status) != 0) cannot_write(path_);
+    const auto size = static_cast<uint64_t>(status.st_size);
+    if (size < kHeaderBytes) return false;
+    void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd_, 0);  // read, not copied: it may be GBs
+    if (mapped == MAP_FAILED) cannot_write(path_);
+    const auto* bytes = static_cast<const uint8_t*>(mapped);
     const std::vector<uint8_t> expected = partial_header(identity);
-    if (size < kHeaderBytes || std::memcmp(bytes, expected.data(), expected.size()) != 0) return false;
+    if (std::memcmp(bytes, expected.data(), expected.size()) != 0) {
+      ::munmap(mapped, size);
+      return false;
+    }
     uint64_t end = kHeaderBytes;  // of the last whole record
     while (true) {
       uint64_t at = end;
@@ -304,6 +311,7 @@ class PackWriter {
       records_.push_back(r);
       end = at + kRecordHeaderBytes + r.payload;
     }
+    ::munmap(mapped, size);
     if (::ftruncate(fd_, static_cast<off_t>(end)) != 0) cannot_write(path_);
     end_ = end;
     return true;
@@ -410,12 +418,13 @@ void PackedImages::read_layout() {
   }
   const bool raw = get<uint32_t>(map_ + 12) & kRawFlag;
   const auto records = get<uint64_t>(map_ + 16), index_offset = get<uint64_t>(map_ + 24);
-  const auto classes_offset = get<uint64_t>(map_ + 32), file_bytes = get<uint64_t>(map_ + 40);
+  const auto classes_offset = get<uint64_t>(map_ + 32), declared_bytes = get<uint64_t>(map_ + 40);
   const auto max_side = get<int32_t>(map_ + 48), quality = get<int32_t>(map_ + 52);
-  if (file_bytes != map_bytes_) {
-    throw damaged(fmt::format("{} bytes where its header says {} (cut short or appended to)", map_bytes_, file_bytes));
+  if (declared_bytes != map_bytes_) {
+    throw damaged(fmt::format("{} bytes where its header says {} (cut short or appended to)", map_bytes_,
+                              declared_bytes));
   }
-  if (index_offset < kHeaderBytes || index_offset > classes_offset || classes_offset + 4 > file_bytes ||
+  if (index_offset < kHeaderBytes || index_offset > classes_offset || classes_offset + 4 > declared_bytes ||
       (classes_offset - index_offset) / kEntryBytes != records || (classes_offset - index_offset) % kEntryBytes != 0) {
     throw damaged("its sections do not fit in it");
   }
@@ -423,12 +432,14 @@ void PackedImages::read_layout() {
   const auto class_count = get<uint32_t>(map_ + at);
   at += 4;
   for (uint32_t c = 0; c < class_count; ++c) {
-    if (at + 4 > file_bytes || at + 4 + get<uint32_t>(map_ + at) > file_bytes) throw damaged("its class names are cut");
+    if (at + 4 > declared_bytes || at + 4 + get<uint32_t>(map_ + at) > declared_bytes) {
+      throw damaged("its class names are cut");
+    }
     const auto length = get<uint32_t>(map_ + at);
     classes_.emplace_back(reinterpret_cast<const char*>(map_ + at + 4), length);
     at += 4 + length;
   }
-  if (at != file_bytes) throw damaged("bytes after its class names");
+  if (at != declared_bytes) throw damaged("bytes after its class names");
   entries_.reserve(records);
   labels_.reserve(records);
   for (uint64_t i = 0; i < records; ++i) {
@@ -453,6 +464,18 @@ void PackedImages::read_layout() {
 }
 
 int64_t PackedImages::size() const { return static_cast<int64_t>(entries_.size()); }
+
+torch::Tensor PackedImages::storage_blocks() const {
+  torch::Tensor blocks = torch::empty({size()}, torch::kLong);
+  int64_t* block = blocks.data_ptr<int64_t>();
+  for (size_t i = 0; i < entries_.size(); ++i) block[i] = static_cast<int64_t>(entries_[i].payload_offset / kBlockBytes);
+  return blocks;
+}
+
+bool PackedImages::larger_than_memory() const {
+  const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 && map_bytes_ > static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
+}
 
 ImageRecords::Record PackedImages::record(int64_t index, std::vector<char>& /*scratch*/) const {
   const Entry& entry = entries_.at(static_cast<size_t>(index));

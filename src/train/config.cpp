@@ -153,6 +153,11 @@ std::vector<ConfigField> make_fields() {
            "a CSV file's label column, by header name or index (default: the column named label, target, class "
            "or y, else the last)",
            &TrainConfig::label_column),
+      text("shuffle",
+           "the training order: exact (a full shuffle), block-local (a pack's 4 MiB blocks in random order, a "
+           "window of 16 at a time, samples shuffled within: FFCV's quasi-random order for data larger than "
+           "memory) or auto (block-local for a pack larger than half the available memory)",
+           &TrainConfig::shuffle, {"auto", "exact", "block-local"}),
       flag("skip_corrupt",
            "skip corrupt or unreadable images, empty class folders, bad CSV rows and evaluation samples whose label "
            "is not a training class, instead of stopping at the first (the report lists them)",

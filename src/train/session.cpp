@@ -273,9 +273,9 @@ TrainingData load_each_epoch(const TrainConfig& config, data::DataFormat format)
   data.skipped = skipped_inputs(config);
   auto train = data::open_image_records(config.data, format, data::Split::train, {}, data.skipped);
   data.train = train;
-  if (const auto pack = std::dynamic_pointer_cast<const data::PackedImages>(train)) {
-    data.format = fmt::format("pack ({})", pack->describe_storage());
-  }
+  const auto pack = std::dynamic_pointer_cast<const data::PackedImages>(train);
+  if (pack) data.format = fmt::format("pack ({})", pack->describe_storage());
+  data.block_local = config.shuffle == "block-local" || (config.shuffle == "auto" && pack && pack->larger_than_memory());
   data.classes = train->classes();
   data.evaluated_on = config.validation_split > 0 ? "validation" : "test";
   std::shared_ptr<const data::ImageRecords> evaluated = train;
@@ -345,6 +345,10 @@ TrainingData load_data_of(const TrainConfig& config, data::DataFormat format) {
 TrainingData load_data(const TrainConfig& config) {
   const data::DataFormat format = config.data_format == "auto" ? data::detect_data_format(config.data)
                                                                : data::parse_data_format(config.data_format);
+  if (config.shuffle == "block-local" && (format != data::DataFormat::pack || config.decode == "once")) {
+    throw UsageError("--shuffle", "block-local orders the blocks of a pack read each epoch; " + config.data +
+                                      " is read into memory");
+  }
   TrainingData data = load_data_of(config, format);
   if (data.format.empty()) data.format = data::data_format_name(format);
   return data;
@@ -430,7 +434,7 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
       data.features > 0 ? std::vector<int64_t>{data.features}
                         : std::vector<int64_t>{data.channels, data.image_size, data.image_size};
   p.data = {data.format, data.train->size(), data.evaluation->size(), sample, data.classes, data.mean, data.std,
-            data.skipped ? data.skipped->lines() : std::vector<std::string>{}};
+            data.skipped ? data.skipped->lines() : std::vector<std::string>{}, "exact shuffle"};
   ThreadsGuard threads(p.threads());
   p.device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   const Precision precision = resolve_precision(config.precision, p.device);
@@ -455,10 +459,15 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   if (channels_last) to_channels_last(trained);
   data::LoaderOptions loader_options;  // not a copy of a temporary: GCC 12 then warns of its optional shard
   loader_options.batch_size(config.batch_size).prefetch(config.prefetch).seed(config.seed).channels_last(channels_last);
+  loader_options.block_local(data.block_local);
   std::shared_ptr<Replicas> replicas = parallel.replicate ? parallel.replicate(trained) : nullptr;
   const int64_t rank = p.rank = replicas ? replicas->rank() : 0;
   data::DatasetPtr evaluation = replicas ? shard_for_rank(*replicas, config, loader_options, data.evaluation)
                                          : data.evaluation;
+  if (data.block_local && !replicas) {  // ranks take DistributedSampler's shards of an exact shuffle
+    p.data.order = fmt::format("block-local shuffle: {} blocks of 4 MiB at a time, samples shuffled within",
+                               loader_options.block_window());
+  }
   p.workers = static_cast<int>(config.workers);
   if (p.workers < 0) {
     p.workers = data::choose_workers(data.train, loader_options, data::compose(train_chain));

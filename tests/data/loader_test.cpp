@@ -192,6 +192,60 @@ TEST(Loader, OrderDependsOnSeedAndEpochOnly) {
   EXPECT_TRUE(torch::equal(epoch0, targets_of(collect(again, 0))));
 }
 
+// Samples whose storage is in blocks of 7 (the last one shorter), as a pack's records in 4 MiB.
+class BlockedImages : public TensorDataset {
+ public:
+  explicit BlockedImages(int64_t size)
+      : TensorDataset(torch::zeros({size, 1, 2, 2}, torch::kByte), torch::arange(size)) {}
+  torch::Tensor storage_blocks() const override { return torch::arange(size()).div(7, "floor"); }
+};
+
+TEST(BlockLocalOrder, VisitsAWindowOfBlocksAtATimeEverySampleOnce) {
+  const auto dataset = std::make_shared<BlockedImages>(100);  // 15 blocks
+  const torch::Tensor blocks = dataset->storage_blocks();
+  for (int64_t window : {1, 3, 4, 20}) {
+    const torch::Tensor order = block_local_order(blocks, window, 9);
+    EXPECT_TRUE(torch::equal(std::get<0>(order.sort()), torch::arange(100))) << window;
+    // Each run of a window's samples holds `window` whole blocks (the last run what is left).
+    std::set<int64_t> seen_blocks;
+    int64_t position = 0;
+    while (position < 100) {
+      std::set<int64_t> run;
+      int64_t end = position;
+      while (end < 100 && (run.size() < static_cast<size_t>(window) || run.count(blocks[order[end]].item<int64_t>()))) {
+        run.insert(blocks[order[end]].item<int64_t>());
+        ++end;
+      }
+      for (int64_t b : run) EXPECT_TRUE(seen_blocks.insert(b).second) << "block " << b << " met twice, window " << window;
+      position = end;
+    }
+    EXPECT_EQ(seen_blocks.size(), 15u);
+    EXPECT_TRUE(torch::equal(order, block_local_order(blocks, window, 9)));
+    EXPECT_FALSE(torch::equal(order, block_local_order(blocks, window, 10)));
+  }
+  // A window of one block keeps its samples together, in a shuffled order within.
+  const torch::Tensor single = block_local_order(blocks, 1, 9);
+  EXPECT_FALSE(torch::equal(single, std::get<0>(single.sort())));
+  EXPECT_TRUE(Contains(error_message<UsageError>([&] { block_local_order(blocks, 0, 1); }), "block_window"));
+}
+
+TEST(Loader, BlockLocalShufflesByTheDatasetsBlocks) {
+  const auto dataset = std::make_shared<BlockedImages>(98);  // 14 whole blocks
+  const auto options = LoaderOptions().batch_size(10).drop_last(false).workers(2).seed(4).block_local(true).block_window(2);
+  Loader loader(dataset, options);
+  const torch::Tensor epoch0 = targets_of(collect(loader, 0));
+  EXPECT_TRUE(torch::equal(std::get<0>(epoch0.sort()), torch::arange(98)));
+  // The first 14 samples are two whole blocks.
+  const torch::Tensor first_blocks = std::get<0>(at::_unique(epoch0.slice(0, 0, 14).div(7, "floor")));
+  EXPECT_EQ(first_blocks.size(0), 2);
+  EXPECT_TRUE(torch::equal(epoch0, targets_of(collect(loader, 0))));
+  EXPECT_FALSE(torch::equal(epoch0, targets_of(collect(loader, 1))));
+  // Without blocks, the option changes nothing: a full shuffle.
+  Loader plain(numbered_images(100), options);
+  Loader full(numbered_images(100), LoaderOptions(options).block_local(false));
+  EXPECT_TRUE(torch::equal(targets_of(collect(plain, 0)), targets_of(collect(full, 0))));
+}
+
 TEST(Loader, NoShuffleKeepsTheDatasetOrder) {
   Loader loader(numbered_images(30), LoaderOptions().batch_size(7).shuffle(false).drop_last(false));
   EXPECT_TRUE(torch::equal(targets_of(collect(loader, 4)), torch::arange(30)));

@@ -168,6 +168,17 @@ def test_train_reads_packs_as_their_folders(folder, tmp_path):
         assert described["data"]["format"] == format
         outcomes.append([(e["accuracy"], e["loss"]) for e in described["evaluations"]])
     assert outcomes[1] == outcomes[0] and len(outcomes[0]) == 2
+    orders = {}
+    for shuffle in ("auto", "block-local"):
+        report = tmp_path / f"{shuffle}.json"
+        trained = run("train", "--data", tmp_path / "train.abpk", "--val-data", tmp_path / "val.abpk", "--image-size",
+                      "24", "--max-steps", "3", "--batch-size", "8", "--shuffle", shuffle, "--report", report)
+        assert trained.returncode == 0, trained.stderr
+        orders[shuffle] = json.loads(report.read_text())["data"]["order"]
+    assert orders == {"auto": "exact shuffle",  # a pack this small fits in memory
+                      "block-local": "block-local shuffle: 16 blocks of 4 MiB at a time, samples shuffled within"}
+    refused = run("train", "--data", folder / "set", "--shuffle", "block-local", "--max-steps", "1")
+    assert refused.returncode == 2 and "--shuffle" in refused.stderr, refused.stderr
     refused = run("train", "--data", tmp_path / "train.abpk", "--max-steps", "1")
     assert refused.returncode == 2 and "--val-data" in refused.stderr and len(refused.stderr.splitlines()) == 1
     write_folder(tmp_path / "three" / "zebra", 2)

@@ -30,6 +30,10 @@ class Dataset {
   virtual int64_t size() const = 0;
   // indices: 1-D int64, each in [0, size()). Returns contiguous tensors in index order.
   virtual Batch get_batch(const torch::Tensor& indices) const = 0;
+  // The block of storage each sample is read from (a pack's 4 MiB blocks), int64 [size()], for
+  // an order that reads data larger than memory a few blocks at a time (loader.h,
+  // LoaderOptions::block_local); undefined: the samples are in memory, or no blocks are known.
+  virtual torch::Tensor storage_blocks() const { return {}; }
 };
 using DatasetPtr = std::shared_ptr<const Dataset>;
 
@@ -71,6 +75,7 @@ class SubsetDataset : public Dataset {
   SubsetDataset(DatasetPtr base, torch::Tensor indices);
   int64_t size() const override;
   Batch get_batch(const torch::Tensor& indices) const override;
+  torch::Tensor storage_blocks() const override;
 
  private:
   DatasetPtr base_;

@@ -36,6 +36,11 @@ struct Shard {
 // The sample indices of `shard` in `epoch` (UsageError for a rank outside the count).
 torch::Tensor sharded_order(int64_t size, const Shard& shard, bool shuffle, uint64_t seed, int64_t epoch);
 
+// FFCV's quasi-random order for data larger than memory: the blocks (`blocks`: each sample's,
+// int64 [N]) in a random order, `window` of them at a time, the samples of a window shuffled
+// together. Every sample once; a function of `seed` alone.
+torch::Tensor block_local_order(const torch::Tensor& blocks, int64_t window, uint64_t seed);
+
 struct LoaderOptions {
   TORCH_ARG(int64_t, batch_size) = 128;
   // Worker threads; 0 loads each batch in the thread that iterates.
@@ -51,6 +56,10 @@ struct LoaderOptions {
   // This rank's shard of every epoch, in DistributedSampler's order; none: all samples, in the
   // loader's own seeded order.
   TORCH_ARG(std::optional<Shard>, shard) = std::nullopt;
+  // Shuffles a dataset with storage blocks (Dataset::storage_blocks) by block_local_order over
+  // windows of `block_window` blocks, instead of a full shuffle (not with a shard).
+  TORCH_ARG(bool, block_local) = false;
+  TORCH_ARG(int64_t, block_window) = 16;
 };
 
 class LoaderCore;

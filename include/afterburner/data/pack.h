@@ -74,6 +74,11 @@ class PackedImages : public ImageRecords {
   Record record(int64_t index, std::vector<char>& scratch) const override;
   std::string source(int64_t index) const override;
   const std::vector<int64_t>& labels() const override { return labels_; }
+  torch::Tensor storage_blocks() const override;  // each record's 4 MiB block
+  // Whether the pack exceeds half the memory the system has available now: then an exact
+  // shuffle would read it from disk at random, and a block-local order (loader.h) reads it a few
+  // blocks at a time.
+  bool larger_than_memory() const;
   const std::vector<std::string>& classes() const override { return classes_; }
   // "encoded" (each image as stored), "jpeg q90, max side 256" or "raw, max side 256".
   const std::string& describe_storage() const { return storage_; }

@@ -20,7 +20,8 @@ struct TrainConfig {
   std::string data_format = "auto";  // data/sources.h: auto, idx, folder, cifar, npy, csv, pack
   std::string val_data;              // a separate evaluation set (empty: --data's test split)
   std::string label_column;          // a CSV file's label column, by name or index (empty: data/csv.h's choice)
-  bool skip_corrupt = false;         // skip (and report) corrupt images, bad CSV rows, labels outside the classes
+  bool skip_corrupt = false;
+  std::string shuffle = "auto";      // exact, block-local (packs: a few 4 MiB blocks at a time) or auto         // skip (and report) corrupt images, bad CSV rows, labels outside the classes
   int64_t image_size = 0;            // image folders resized and cropped to this square (0 = as stored; 224 each epoch)
   std::string decode = "auto";       // "once" into memory, "each-epoch" with random crops; auto: each-epoch for packs
   // The default recipe reaches 91% on Fashion-MNIST's cnn in the fewest samples measured

@@ -48,6 +48,7 @@ struct DataSummary {
   // What batches are normalised by: per channel, of the training pixels in [0, 1]; or per feature.
   std::vector<double> mean, std;
   std::vector<std::string> skipped;  // with --skip-corrupt: each input left out, "source: problem"
+  std::string order;                 // of the training samples: "exact shuffle", or block-local's, described
 };
 
 struct TrainReport {

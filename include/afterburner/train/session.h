@@ -29,6 +29,7 @@ struct TrainingData {
   data::DatasetPtr evaluation;  // the test set, or the validation split held out of the training set
   std::string evaluated_on;     // "test" or "validation"
   std::string format;           // DataSummary::format
+  bool block_local = false;     // the training order (data/loader.h, LoaderOptions::block_local)
   int64_t channels = 0, image_size = 0;
   int64_t features = 0;  // a table's features per sample (0: the data are images)
   // Per channel, of the training images scaled to [0, 1]; or per feature of a table's rows.
