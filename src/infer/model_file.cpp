@@ -1,6 +1,5 @@
 #include "afterburner/infer/model_file.h"
 
-#include <caffe2/serialize/inline_container.h>
 #include <torch/script.h>
 
 #include <filesystem>
@@ -31,17 +30,10 @@ torch::jit::Module load_model(const std::string& path) {
 }
 
 std::string read_model_metadata(const std::string& path) {
-  const std::string record = std::string("extra/") + kMetadataFile;
-  try {
-    check_archive(path);
-    caffe2::serialize::PyTorchStreamReader archive(path);  // reads the one record, not the weights
-    if (!archive.hasRecord(record)) return "";
-    const auto [bytes, size] = archive.getRecord(record);
-    return {static_cast<const char*>(bytes.get()), size};
+  try {  // the one record, not the weights
+    return read_archive_record(path, std::string("/extra/") + kMetadataFile).value_or("");
   } catch (const ArchiveError& e) {
     throw ModelError(path, "not a loadable TorchScript model (" + e.problem() + ")");
-  } catch (const std::exception& e) {
-    throw ModelError(path, "not a loadable TorchScript model (" + first_line(e) + ")");
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "afterburner/core/error.h"
@@ -37,5 +38,10 @@ void check_archive(const std::string& path);
 // check after its last piece). Throws ArchiveError as check_archive.
 using RecordChunk = std::function<void(const std::string& record, const char* bytes, size_t size)>;
 void read_archive(const std::string& path, const RecordChunk& chunk);
+
+// The first record whose name ends with `suffix` (a TorchScript file's "/extra/afterburner.json"),
+// read and checked against its CRC-32 without reading the others; none when there is no such
+// record. Throws ArchiveError as check_archive.
+std::optional<std::string> read_archive_record(const std::string& path, const std::string& suffix);
 
 }  // namespace afterburner
