@@ -94,7 +94,7 @@ size_t label_column_index(const std::string& path, const CsvOptions& options, co
 }
 
 // The first line holding more than blanks ("" when none does).
-std::string first_line(const std::string& path) {
+std::string first_text_line(const std::string& path) {
   std::ifstream in = open_text(path);
   for (std::string line; std::getline(in, line);) {
     if (!trim(line).empty()) return line;
@@ -136,7 +136,7 @@ bool holds_pixels(const torch::Tensor& features) {
 
 char sniff_csv_delimiter(const std::string& path) {
   if (lower(std::filesystem::path(path).extension().string()) == ".tsv") return '\t';
-  const std::string line = first_line(path);
+  const std::string line = first_text_line(path);
   char chosen = ',';
   for (char candidate : {';', '\t'}) {
     if (std::count(line.begin(), line.end(), candidate) > std::count(line.begin(), line.end(), chosen)) {
@@ -148,7 +148,7 @@ char sniff_csv_delimiter(const std::string& path) {
 
 std::vector<std::string> read_csv_header(const std::string& path, char delimiter) {
   std::vector<std::string_view> cells;
-  const std::string line = first_line(path);
+  const std::string line = first_text_line(path);
   split(line, delimiter, cells);
   if (line.empty() || std::all_of(cells.begin(), cells.end(), is_number)) return {};
   return {cells.begin(), cells.end()};
