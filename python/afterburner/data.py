@@ -84,13 +84,16 @@ class ImageFolder(Loader):
     Normalize(mean, std), train=False its Resize(size * 256 // 224) + CenterCrop(size) (as the
     centre box resampled once); JPEGs decode at a reduced DCT scale where the crop allows
     (reduced_decode=False decodes them whole). Shuffled, and the last partial batch dropped, in
-    training only unless said otherwise. The batches depend on (seed, epoch) alone."""
+    training only unless said otherwise. The batches depend on (seed, epoch) alone. A pack larger
+    than half the available memory is shuffled in FFCV's quasi-random order (order="auto";
+    "block-local" always, "exact" never: its 4 MiB blocks in random order, 16 at a time, samples
+    shuffled within); the attribute `order` says which."""
 
     def __init__(self, root: str, size: int = 224, train: bool = True, batch_size: int = 64,
                  classes: Optional[Sequence[str]] = None, mean: Optional[Sequence[float]] = None,
                  std: Optional[Sequence[float]] = None, flip: float = 0.5, workers: int = 2, prefetch: int = 4,
                  seed: int = 0, shuffle: Optional[bool] = None, drop_last: Optional[bool] = None,
-                 channels_last: bool = False, reduced_decode: bool = True):
+                 channels_last: bool = False, reduced_decode: bool = True, order: str = "auto"):
         if (mean is None) != (std is None):
             raise ValueError("ImageFolder: give mean and std together")
         known = None if classes is None else list(classes)
@@ -98,14 +101,21 @@ class ImageFolder(Loader):
                     train if drop_last is None else drop_last, workers, prefetch, seed, channels_last,
                     [float(m) for m in mean or []], [float(s) for s in std or []], float(flip) if train else 0.0,
                     reduced_decode)
+        if order not in ("auto", "exact", "block-local"):
+            raise ValueError(f"ImageFolder: order must be auto, exact or block-local, got {order!r}")
         if str(root).endswith(".abpk"):
-            _, labels, self.classes = torch.ops.afterburner.read_pack_index(str(root))
+            _, labels, self.classes, larger_than_memory = torch.ops.afterburner.read_pack_index(str(root))
             if known is not None and known != self.classes:
                 raise ValueError(f"ImageFolder: {root} packs the classes {self.classes}, not {known}")
             self.targets = labels
             self.samples = [f"{root} record {i}" for i in range(len(labels))]
-            self._loader = torch.ops.afterburner.pack_loader(str(root), *settings)
+            block_local = order == "block-local" or (order == "auto" and larger_than_memory)
+            self.order = "block-local" if block_local else "exact"
+            self._loader = torch.ops.afterburner.pack_loader(str(root), *settings, block_local)
         else:
+            if order == "block-local":
+                raise ValueError(f"ImageFolder: block-local orders a pack's blocks; {root} is a folder")
+            self.order = "exact"
             self.samples, self.targets, self.classes = torch.ops.afterburner.list_image_folder(str(root), known)
             self._loader = torch.ops.afterburner.image_folder_loader(self.samples, self.targets, self.classes,
                                                                     *settings)

@@ -107,7 +107,7 @@ c10::intrusive_ptr<ScriptLoader> image_loader(std::shared_ptr<const ImageRecords
                                               int64_t batch_size, bool shuffle, bool drop_last, int64_t workers,
                                               int64_t prefetch, int64_t seed, bool channels_last,
                                               std::vector<double> mean, std::vector<double> std, double flip,
-                                              bool reduced_decode) {
+                                              bool reduced_decode, bool block_local = false) {
   TransformPtr transform = decode_images(records, DecodeOptions()
                                                     .size(size)
                                                     .random_resized_crop(train)
@@ -116,7 +116,7 @@ c10::intrusive_ptr<ScriptLoader> image_loader(std::shared_ptr<const ImageRecords
                                                     .std(std::move(std))
                                                     .reduced_decode(reduced_decode));
   return c10::make_intrusive<ScriptLoader>(
-      records, loader_options(batch_size, shuffle, drop_last, workers, prefetch, seed, channels_last),
+      records, loader_options(batch_size, shuffle, drop_last, workers, prefetch, seed, channels_last).block_local(block_local),
       std::move(transform));
 }
 
@@ -132,12 +132,15 @@ c10::intrusive_ptr<ScriptLoader> image_folder_loader_op(std::vector<std::string>
                       std::move(mean), std::move(std), flip, reduced_decode);
 }
 
+// `block_local`: the pack's records in block_local_order (loader.h) instead of a full shuffle.
 c10::intrusive_ptr<ScriptLoader> pack_loader_op(const std::string& path, int64_t size, bool train, int64_t batch_size,
                                                 bool shuffle, bool drop_last, int64_t workers, int64_t prefetch,
                                                 int64_t seed, bool channels_last, std::vector<double> mean,
-                                                std::vector<double> std, double flip, bool reduced_decode) {
+                                                std::vector<double> std, double flip, bool reduced_decode,
+                                                bool block_local) {
   return image_loader(std::make_shared<const PackedImages>(path), size, train, batch_size, shuffle, drop_last, workers,
-                      prefetch, seed, channels_last, std::move(mean), std::move(std), flip, reduced_decode);
+                      prefetch, seed, channels_last, std::move(mean), std::move(std), flip, reduced_decode,
+                      block_local);
 }
 
 std::tuple<int64_t, int64_t, int64_t, std::vector<std::string>> pack_image_folder_op(
@@ -229,16 +232,17 @@ TORCH_LIBRARY_FRAGMENT(afterburner, m) {
   m.def("list_image_folder(str dir, str[]? classes=None) -> (str[], int[], str[])", list_image_folder_op);
   // A pack's loader, as image_folder_loader's; packing an image folder; a pack read whole (pack.h).
   m.def("pack_loader(str path, int size, bool train, int batch_size, bool shuffle, bool drop_last, int workers, "
-        "int prefetch, int seed, bool channels_last, float[] mean, float[] std, float flip, bool reduced_decode) "
-        "-> __torch__.torch.classes.afterburner.Loader",
+        "int prefetch, int seed, bool channels_last, float[] mean, float[] std, float flip, bool reduced_decode, "
+        "bool block_local) -> __torch__.torch.classes.afterburner.Loader",
         pack_loader_op);
   m.def("pack_image_folder(str source, str output, int max_side=0, int quality=90, bool raw=False, "
         "str[]? classes=None, bool skip_corrupt=False) -> (int, int, int, str[])",
         pack_image_folder_op);
   m.def("read_pack(str path) -> (Tensor[], Tensor, str[])", read_pack_op);
-  m.def("read_pack_index(str path) -> (int, int[], str[])", [](const std::string& path) {
+  // A pack's size, labels, classes and whether it exceeds half the available memory.
+  m.def("read_pack_index(str path) -> (int, int[], str[], bool)", [](const std::string& path) {
     const PackedImages pack(path);
-    return std::make_tuple(pack.size(), pack.labels(), pack.classes());
+    return std::make_tuple(pack.size(), pack.labels(), pack.classes(), pack.larger_than_memory());
   });
   // The pipeline's resampling of one box of a uint8 [C, H, W] image to size x size (float, 0..255).
   m.def("resample_box(Tensor image, int x, int y, int width, int height, int size) -> Tensor", resample_box_op);

@@ -91,6 +91,31 @@ def test_a_packs_batches_equal_its_folders(folder):
             assert torch.equal(x, x_folder) and torch.equal(y, y_folder)
 
 
+def test_a_large_packs_order_is_block_local(tmp_path):
+    """ImageFolder over a pack of 3 blocks (raw 64x64 records, 341 to a 4 MiB block): block-local
+    when asked (auto: only for a pack larger than half the memory), every sample once, in another
+    order than the full shuffle (the order's block structure: tests/data/loader_test.cpp)."""
+    source = tmp_path / "set"
+    pixels = numpy.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=numpy.uint8)
+    for index in range(700):
+        path = source / ("a" if index % 2 else "b") / f"{index:04d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(numpy.roll(pixels, index, axis=1)).save(path, compress_level=0)
+    data.pack(source, tmp_path / "raw.abpk", raw=True)
+    orders = {}
+    for order in ("exact", "block-local"):
+        loader = data.ImageFolder(tmp_path / "raw.abpk", size=8, batch_size=50, workers=2, order=order)
+        assert loader.order == order
+        batches = [y for _, y in loader]
+        assert sum(len(y) for y in batches) == 700
+        orders[order] = torch.cat(batches)
+    assert data.ImageFolder(tmp_path / "raw.abpk", size=8, batch_size=50).order == "exact"  # it fits in memory
+    assert sorted(orders["exact"].tolist()) == sorted(orders["block-local"].tolist())
+    assert not torch.equal(orders["exact"], orders["block-local"])
+    with pytest.raises(ValueError, match="block-local"):
+        data.ImageFolder(source, size=8, order="block-local")
+
+
 def test_packing_resumes_after_a_failure_to_the_same_bytes(folder, tmp_path):
     source = write_folder(tmp_path / "big", 150)
     whole = tmp_path / "whole.abpk"
