@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <limits>
 
 #include "afterburner/core/error.h"
 #include "afterburner/core/file_writer.h"
@@ -473,8 +475,18 @@ torch::Tensor PackedImages::storage_blocks() const {
 }
 
 bool PackedImages::larger_than_memory() const {
-  const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 && map_bytes_ > static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
+  // MemAvailable counts the page cache the kernel can reclaim (a pack read once sits there);
+  // free pages alone would call most packs too large on a machine that has read files.
+  std::ifstream meminfo("/proc/meminfo");
+  uint64_t available_kb = 0;
+  for (std::string key; meminfo >> key;) {
+    if (key == "MemAvailable:" && meminfo >> available_kb) break;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  if (available_kb == 0) {
+    available_kb = static_cast<uint64_t>(::sysconf(_SC_AVPHYS_PAGES)) * ::sysconf(_SC_PAGESIZE) / 1024;
+  }
+  return map_bytes_ > available_kb * 1024 / 2;
 }
 
 ImageRecords::Record PackedImages::record(int64_t index, std::vector<char>& /*scratch*/) const {

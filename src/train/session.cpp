@@ -245,6 +245,11 @@ torch::jit::Module load_user_model(const TrainConfig& config, const TrainingData
 
 namespace {
 
+// --val-data's format: told by what it holds, or --data-format's.
+data::DataFormat evaluation_format(const TrainConfig& config, data::DataFormat format) {
+  return config.data_format == "auto" ? data::detect_data_format(config.val_data) : format;
+}
+
 std::shared_ptr<data::SkippedInputs> skipped_inputs(const TrainConfig& config) {
   return config.skip_corrupt ? std::make_shared<data::SkippedInputs>() : nullptr;
 }
@@ -286,9 +291,8 @@ TrainingData load_each_epoch(const TrainConfig& config, data::DataFormat format)
     if (config.val_data.empty()) {
       evaluated = data::open_image_records(config.data, format, data::Split::test, data.classes, data.skipped);
     } else {
-      const data::DataFormat val_format = config.data_format == "auto" ? data::detect_data_format(config.val_data)
-                                                                       : format;
-      evaluated = data::open_image_records(config.val_data, val_format, data::Split::test, data.classes, data.skipped);
+      evaluated = data::open_image_records(config.val_data, evaluation_format(config, format), data::Split::test,
+                                           data.classes, data.skipped);
     }
     data.evaluation = evaluated;
   }
@@ -325,9 +329,9 @@ TrainingData load_data_of(const TrainConfig& config, data::DataFormat format) {
   if (config.validation_split > 0) {
     std::tie(data.train, data.evaluation) = hold_out(data.train, config.validation_split, config.seed);
   } else if (!config.val_data.empty()) {
-    const data::DataFormat val_format = config.data_format == "auto" ? data::detect_data_format(config.val_data)
-                                                                     : format;
-    data.evaluation = data::load_images(config.val_data, val_format, data::Split::test, evaluation_source).dataset;
+    data.evaluation =
+        data::load_images(config.val_data, evaluation_format(config, format), data::Split::test, evaluation_source)
+            .dataset;
     check_evaluation_set(data, config.val_data);
   } else if (!data::holds_test_split(config.data, format)) {
     no_evaluation_set(config, format);

@@ -72,8 +72,8 @@ def test_records_hold_the_files_pixels_or_torchvisions_resize_of_them(folder):
                     assert torch.equal(image, reference), name
 
 
-def loader_batches(root, **options):
-    loader = data.ImageFolder(root, size=24, batch_size=8, workers=2, seed=3, mean=[0.5] * 3, std=[0.25] * 3,
+def loader_batches(root, batch_size=8, **options):
+    loader = data.ImageFolder(root, size=24, batch_size=batch_size, workers=2, seed=3, mean=[0.5] * 3, std=[0.25] * 3,
                               **options)
     return [(x.clone(), y.clone()) for _ in range(2) for x, y in loader]
 
@@ -83,9 +83,9 @@ def test_a_packs_batches_equal_its_folders(folder):
     pack = data.ImageFolder(folder / "train.abpk", size=24, batch_size=8)
     files = data.ImageFolder(folder / "set" / "train", size=24, batch_size=8)
     assert pack.classes == files.classes and list(pack.targets) == list(files.targets)
-    for train in (True, False):
-        from_folder = loader_batches(folder / "set" / "train", train=train)
-        from_pack = loader_batches(folder / "train.abpk", train=train)
+    for train, batch_size in ((True, 8), (False, 8), (True, 1)):
+        from_folder = loader_batches(folder / "set" / "train", batch_size, train=train)
+        from_pack = loader_batches(folder / "train.abpk", batch_size, train=train)
         assert len(from_pack) == len(from_folder) > 0
         for (x, y), (x_folder, y_folder) in zip(from_pack, from_folder):
             assert torch.equal(x, x_folder) and torch.equal(y, y_folder)
