@@ -72,35 +72,45 @@ class Loader:
 
 
 class ImageFolder(Loader):
-    """Batches of (images float32 [N, 3, size, size], labels int64 [N]) from a folder of class
-    folders of JPEG/PNG files (torchvision's ImageFolder layout, classes in `classes`), or a pack of
-    them (`pack`, a root ending in .abpk), decoded and augmented each epoch by C++ worker threads,
-    the GIL released:
+    """Batches of (images [N, 3, size, size], labels int64 [N]) from a folder of class folders of
+    JPEG/PNG files (torchvision's ImageFolder layout, classes in `classes`), or a pack of them
+    (`pack`, a root ending in .abpk), decoded and augmented each epoch by C++ worker threads, the
+    GIL released:
 
         train = ImageFolder("pets/train", size=224, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
         val = ImageFolder("pets/val", train=False, classes=train.classes, mean=..., std=...)
+        train = ImageFolder("pets/train", transforms="resize256,crop224,flip", mean=..., std=...)
 
-    train=True is torchvision's RandomResizedCrop(size) + RandomHorizontalFlip(flip) + ToTensor +
-    Normalize(mean, std), train=False its Resize(size * 256 // 224) + CenterCrop(size) (as the
-    centre box resampled once); JPEGs decode at a reduced DCT scale where the crop allows
-    (reduced_decode=False decodes them whole). Shuffled, and the last partial batch dropped, in
-    training only unless said otherwise. The batches depend on (seed, epoch) alone. A pack larger
-    than half the available memory is shuffled in FFCV's quasi-random order (order="auto";
-    "block-local" always, "exact" never: its 4 MiB blocks in random order, 16 at a time, samples
-    shuffled within); the attribute `order` says which."""
+    `transforms` lists the augmentation as `afterburner train --transforms` does: rrcS[:MIN]
+    (RandomResizedCrop), resizeR (the shorter side), cropS (RandomCrop), centreS (CenterCrop),
+    flip[:P] (RandomHorizontalFlip); by default "rrc,flip" (RandomResizedCrop(size) +
+    RandomHorizontalFlip(flip)); then ToTensor + Normalize(mean, std). train=False takes the same
+    list's evaluation counterpart, Resize(size * 256 // 224) (or the list's resize) + CenterCrop(size),
+    unflipped (as the centre box resampled once). `size` is the list's crop, else 224. JPEGs decode
+    at a reduced DCT scale where the crop allows (reduced_decode=False decodes them whole). Batches
+    are float32 or bfloat16 (`dtype`: each value rounded as Tensor.to rounds it), and laid out
+    channels_last when asked, written so by the decoder. Shuffled, and the last partial batch
+    dropped, in training only unless said otherwise. The batches depend on (seed, epoch) alone. A
+    pack larger than half the available memory is shuffled in FFCV's quasi-random order
+    (order="auto"; "block-local" always, "exact" never: its 4 MiB blocks in random order, 16 at a
+    time, samples shuffled within); the attribute `order` says which."""
 
-    def __init__(self, root: str, size: int = 224, train: bool = True, batch_size: int = 64,
+    def __init__(self, root: str, size: Optional[int] = None, train: bool = True, batch_size: int = 64,
                  classes: Optional[Sequence[str]] = None, mean: Optional[Sequence[float]] = None,
                  std: Optional[Sequence[float]] = None, flip: float = 0.5, workers: int = 2, prefetch: int = 4,
                  seed: int = 0, shuffle: Optional[bool] = None, drop_last: Optional[bool] = None,
-                 channels_last: bool = False, reduced_decode: bool = True, order: str = "auto"):
+                 channels_last: bool = False, reduced_decode: bool = True, order: str = "auto",
+                 transforms: Optional[str] = None, dtype: torch.dtype = torch.float32):
         if (mean is None) != (std is None):
             raise ValueError("ImageFolder: give mean and std together")
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"ImageFolder: dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+        if transforms is None:
+            transforms = f"rrc,flip:{float(flip)}" if flip > 0 else "rrc"
         known = None if classes is None else list(classes)
-        settings = (size, train, batch_size, train if shuffle is None else shuffle,
+        settings = (transforms, size or 0, train, batch_size, train if shuffle is None else shuffle,
                     train if drop_last is None else drop_last, workers, prefetch, seed, channels_last,
-                    [float(m) for m in mean or []], [float(s) for s in std or []], float(flip) if train else 0.0,
-                    reduced_decode)
+                    [float(m) for m in mean or []], [float(s) for s in std or []], reduced_decode, dtype)
         if order not in ("auto", "exact", "block-local"):
             raise ValueError(f"ImageFolder: order must be auto, exact or block-local, got {order!r}")
         if str(root).endswith(".abpk"):

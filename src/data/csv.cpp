@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "afterburner/core/error.h"
@@ -75,6 +76,48 @@ void check_label(int64_t label, int64_t classes, const std::string& path, int64_
   if (!problem.empty()) throw DataError(fmt::format("{}:{}:{}", path, line, column + 1), problem);
 }
 
+// Class names as labels: each name's index among `known` (an evaluation file's training classes),
+// or, when none are known, in order of first appearance until number() renumbers them in sorted
+// order.
+class TextLabels {
+ public:
+  explicit TextLabels(std::vector<std::string> known) : names_(std::move(known)), fixed_(!names_.empty()) {
+    for (size_t i = 0; i < names_.size(); ++i) index_.emplace(names_[i], static_cast<int64_t>(i));
+  }
+
+  int64_t index(std::string_view cell, const std::string& path, int64_t line, size_t column) {
+    if (cell.empty()) throw DataError(fmt::format("{}:{}:{}", path, line, column + 1), "an empty label");
+    const auto found = index_.find(std::string(cell));
+    if (found != index_.end()) return found->second;
+    if (fixed_) {
+      throw DataError(fmt::format("{}:{}:{}", path, line, column + 1),
+                      fmt::format("label '{}' is not one of the training set's {} classes", cell, names_.size()));
+    }
+    names_.emplace_back(cell);
+    return index_.emplace(names_.back(), static_cast<int64_t>(names_.size()) - 1).first->second;
+  }
+
+  // Labels of names in order of appearance renumbered as the names sorted.
+  void number(std::vector<int64_t>& labels) {
+    if (fixed_) return;
+    std::vector<std::string> sorted = names_;
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int64_t> rank(names_.size());
+    for (size_t i = 0; i < names_.size(); ++i) {
+      rank[i] = std::lower_bound(sorted.begin(), sorted.end(), names_[i]) - sorted.begin();
+    }
+    for (int64_t& label : labels) label = rank[static_cast<size_t>(label)];
+    names_ = std::move(sorted);
+  }
+
+  const std::vector<std::string>& classes() const { return names_; }
+
+ private:
+  std::vector<std::string> names_;
+  std::unordered_map<std::string, int64_t> index_;
+  bool fixed_;
+};
+
 size_t label_column_index(const std::string& path, const CsvOptions& options, const std::vector<std::string_view>& names,
                           size_t columns) {
   if (!options.label_name().empty()) {
@@ -93,13 +136,19 @@ size_t label_column_index(const std::string& path, const CsvOptions& options, co
   return static_cast<size_t>(index);
 }
 
-// The first line holding more than blanks ("" when none does).
-std::string first_text_line(const std::string& path) {
+// The first `count` lines holding more than blanks (fewer when the file has fewer).
+std::vector<std::string> first_text_lines(const std::string& path, size_t count) {
   std::ifstream in = open_text(path);
-  for (std::string line; std::getline(in, line);) {
-    if (!trim(line).empty()) return line;
+  std::vector<std::string> lines;
+  for (std::string line; lines.size() < count && std::getline(in, line);) {
+    if (!trim(line).empty()) lines.push_back(line);
   }
-  return "";
+  return lines;
+}
+
+std::string first_text_line(const std::string& path) {
+  const std::vector<std::string> lines = first_text_lines(path, 1);
+  return lines.empty() ? "" : lines.front();
 }
 
 bool is_number(std::string_view cell) {
@@ -132,6 +181,21 @@ bool holds_pixels(const torch::Tensor& features) {
          torch::equal(features, features.round());
 }
 
+// Whether the label cell of the first data row is not an integer: the labels are class names.
+bool first_label_is_text(const std::string& path, const CsvOptions& options) {
+  const std::vector<std::string> lines = first_text_lines(path, options.header() ? 2 : 1);
+  if (lines.size() < (options.header() ? 2u : 1u)) return false;
+  std::vector<std::string_view> names, cells;
+  if (options.header()) split(lines.front(), options.delimiter(), names);
+  split(lines.back(), options.delimiter(), cells);
+  if (cells.size() < 2) return false;  // read_csv names the problem
+  const size_t column = label_column_index(path, options, names, cells.size());
+  int64_t label = 0;
+  const std::string_view cell = cells[column];
+  const auto [end, error] = std::from_chars(cell.data(), cell.data() + cell.size(), label);
+  return !cell.empty() && !(error == std::errc() && end == cell.data() + cell.size()) && !is_number(cell);
+}
+
 }  // namespace
 
 char sniff_csv_delimiter(const std::string& path) {
@@ -147,15 +211,21 @@ char sniff_csv_delimiter(const std::string& path) {
 }
 
 std::vector<std::string> read_csv_header(const std::string& path, char delimiter) {
-  std::vector<std::string_view> cells;
-  const std::string line = first_text_line(path);
-  split(line, delimiter, cells);
-  if (line.empty() || std::all_of(cells.begin(), cells.end(), is_number)) return {};
+  const std::vector<std::string> lines = first_text_lines(path, 2);
+  std::vector<std::string_view> cells, next;
+  if (lines.empty()) return {};
+  split(lines[0], delimiter, cells);
+  if (lines.size() > 1) split(lines[1], delimiter, next);
+  bool names_a_number_column = lines.size() == 1 && !std::all_of(cells.begin(), cells.end(), is_number);
+  for (size_t column = 0; column < std::min(cells.size(), next.size()); ++column) {
+    names_a_number_column |= !is_number(cells[column]) && is_number(next[column]);
+  }
+  if (!names_a_number_column) return {};
   return {cells.begin(), cells.end()};
 }
 
 LabelledDataset load_csv_table(const std::string& path, const std::string& label,
-                               std::shared_ptr<SkippedInputs> skipped) {
+                               std::shared_ptr<SkippedInputs> skipped, const std::vector<std::string>& classes) {
   const char delimiter = sniff_csv_delimiter(path);
   const std::vector<std::string> header = read_csv_header(path, delimiter);
   CsvOptions options = CsvOptions().delimiter(delimiter).header(!header.empty()).skipped(skipped);
@@ -171,19 +241,26 @@ LabelledDataset load_csv_table(const std::string& path, const std::string& label
   } else {
     options.label_name(label);
   }
-  const auto table = std::static_pointer_cast<const TensorDataset>(read_csv(path, options));
+  if (first_label_is_text(path, options)) options.text_labels(true).class_names(classes);
+  LabelledDataset read = read_csv_classes(path, options);
+  const auto table = std::static_pointer_cast<const TensorDataset>(read.dataset);
   torch::Tensor inputs = table->inputs();
   if (holds_pixels(inputs)) {
     const int64_t side = std::lround(std::sqrt(double(inputs.size(1))));
     inputs = inputs.to(torch::kByte).view({inputs.size(0), 1, side, side});
   }
-  return {std::make_shared<TensorDataset>(inputs, table->targets()), classes_up_to_largest(table->targets(), path)};
+  return {std::make_shared<TensorDataset>(inputs, table->targets()), std::move(read.classes)};
 }
 
 DatasetPtr read_csv(const std::string& path, const CsvOptions& options) {
+  return read_csv_classes(path, options).dataset;
+}
+
+LabelledDataset read_csv_classes(const std::string& path, const CsvOptions& options) {
   const std::string text = read_text(path);
   std::vector<float> features;
   std::vector<int64_t> labels;
+  TextLabels names(options.class_names());
   std::vector<std::string_view> cells;
   size_t columns = 0;
   size_t label_column = 0;
@@ -217,6 +294,10 @@ DatasetPtr read_csv(const std::string& path, const CsvOptions& options) {
       for (size_t column = 0; column < columns; ++column) {
         if (column != label_column) features.push_back(parse_cell<float>(cells[column], path, line_number, column));
       }
+      if (options.text_labels()) {
+        labels.push_back(names.index(cells[label_column], path, line_number, label_column));
+        return;
+      }
       const auto label = parse_cell<int64_t>(cells[label_column], path, line_number, label_column);
       check_label(label, options.classes(), path, line_number, label_column);
       labels.push_back(label);
@@ -227,8 +308,10 @@ DatasetPtr read_csv(const std::string& path, const CsvOptions& options) {
 
   const auto rows = static_cast<int64_t>(labels.size());
   auto inputs = torch::from_blob(features.data(), {rows, static_cast<int64_t>(columns) - 1}, torch::kFloat).clone();
+  if (options.text_labels()) names.number(labels);
   auto targets = torch::from_blob(labels.data(), {rows}, torch::kLong).clone();
-  return std::make_shared<TensorDataset>(std::move(inputs), std::move(targets));
+  std::vector<std::string> classes = options.text_labels() ? names.classes() : classes_up_to_largest(targets, path);
+  return {std::make_shared<TensorDataset>(std::move(inputs), std::move(targets)), std::move(classes)};
 }
 
 }  // namespace afterburner::data

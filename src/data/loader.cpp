@@ -243,8 +243,14 @@ class LoaderCore {
     const int64_t count = std::min(options_.batch_size(), dataset_->size() - first);
     Batch batch = dataset_->get_batch(plan.order.narrow(0, first, count));
     if (transform_) batch = (*transform_)(std::move(batch), derive_seed(plan.transform_seed, batch_index));
+    // Batches a transform wrote channels_last (decode_images) stay so: reordering them back would
+    // cost a pass for nothing.
+    const bool written_channels_last =
+        !batch.input.is_contiguous() && batch.input.is_contiguous(at::MemoryFormat::ChannelsLast);
     const bool channels_last = options_.channels_last() && batch.input.dim() == 4;
-    batch.input = channels_last ? afterburner::channels_last(batch.input) : batch.input.contiguous();
+    if (!written_channels_last) {
+      batch.input = channels_last ? afterburner::channels_last(batch.input) : batch.input.contiguous();
+    }
     batch.target = batch.target.contiguous();
     return batch;
   }

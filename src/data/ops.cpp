@@ -15,6 +15,7 @@
 #include "afterburner/data/idx.h"
 #include "afterburner/data/image_file.h"
 #include "afterburner/data/image_pipeline.h"
+#include "afterburner/data/image_transforms.h"
 #include "afterburner/data/npy.h"
 #include "afterburner/data/pack.h"
 #include "afterburner/data/sources.h"
@@ -102,45 +103,49 @@ std::tuple<torch::Tensor, torch::Tensor> load_mnist_op(const std::string& dir, c
 }
 
 // Image files or a pack's records decoded and augmented per epoch by the loader's workers
-// (image_pipeline.h).
-c10::intrusive_ptr<ScriptLoader> image_loader(std::shared_ptr<const ImageRecords> records, int64_t size, bool train,
+// (image_pipeline.h): `transforms` as image_transforms.h lists them, in training or (train false)
+// their evaluation counterpart, at `size` (0: the list's, else 224).
+c10::intrusive_ptr<ScriptLoader> image_loader(std::shared_ptr<const ImageRecords> records,
+                                              const std::string& transforms, int64_t size, bool train,
                                               int64_t batch_size, bool shuffle, bool drop_last, int64_t workers,
                                               int64_t prefetch, int64_t seed, bool channels_last,
-                                              std::vector<double> mean, std::vector<double> std, double flip,
-                                              bool reduced_decode, bool block_local = false) {
-  TransformPtr transform = decode_images(records, DecodeOptions()
-                                                    .size(size)
-                                                    .random_resized_crop(train)
-                                                    .flip(flip)
-                                                    .mean(std::move(mean))
-                                                    .std(std::move(std))
-                                                    .reduced_decode(reduced_decode));
+                                              std::vector<double> mean, std::vector<double> std, bool reduced_decode,
+                                              c10::ScalarType dtype, bool block_local = false) {
+  const ImageTransforms listed = parse_image_transforms(transforms);
+  const int64_t side = listed.side(size) > 0 ? listed.side(size) : 224;
+  TransformPtr transform = decode_images(records, listed.decode_options(train, side)
+                                                      .mean(std::move(mean))
+                                                      .std(std::move(std))
+                                                      .reduced_decode(reduced_decode)
+                                                      .dtype(dtype)
+                                                      .channels_last(channels_last));
   return c10::make_intrusive<ScriptLoader>(
       records, loader_options(batch_size, shuffle, drop_last, workers, prefetch, seed, channels_last).block_local(block_local),
       std::move(transform));
 }
 
 c10::intrusive_ptr<ScriptLoader> image_folder_loader_op(std::vector<std::string> paths, std::vector<int64_t> labels,
-                                                        std::vector<std::string> classes, int64_t size, bool train,
-                                                        int64_t batch_size, bool shuffle, bool drop_last,
-                                                        int64_t workers, int64_t prefetch, int64_t seed,
+                                                        std::vector<std::string> classes, const std::string& transforms,
+                                                        int64_t size, bool train, int64_t batch_size, bool shuffle,
+                                                        bool drop_last, int64_t workers, int64_t prefetch, int64_t seed,
                                                         bool channels_last, std::vector<double> mean,
-                                                        std::vector<double> std, double flip, bool reduced_decode) {
+                                                        std::vector<double> std, bool reduced_decode,
+                                                        c10::ScalarType dtype) {
   auto files =
       std::make_shared<const ImageFiles>(ImageFileList{std::move(paths), std::move(labels), std::move(classes)});
-  return image_loader(files, size, train, batch_size, shuffle, drop_last, workers, prefetch, seed, channels_last,
-                      std::move(mean), std::move(std), flip, reduced_decode);
+  return image_loader(files, transforms, size, train, batch_size, shuffle, drop_last, workers, prefetch, seed,
+                      channels_last, std::move(mean), std::move(std), reduced_decode, dtype);
 }
 
 // `block_local`: the pack's records in block_local_order (loader.h) instead of a full shuffle.
-c10::intrusive_ptr<ScriptLoader> pack_loader_op(const std::string& path, int64_t size, bool train, int64_t batch_size,
-                                                bool shuffle, bool drop_last, int64_t workers, int64_t prefetch,
-                                                int64_t seed, bool channels_last, std::vector<double> mean,
-                                                std::vector<double> std, double flip, bool reduced_decode,
-                                                bool block_local) {
-  return image_loader(std::make_shared<const PackedImages>(path), size, train, batch_size, shuffle, drop_last, workers,
-                      prefetch, seed, channels_last, std::move(mean), std::move(std), flip, reduced_decode,
-                      block_local);
+c10::intrusive_ptr<ScriptLoader> pack_loader_op(const std::string& path, const std::string& transforms, int64_t size,
+                                                bool train, int64_t batch_size, bool shuffle, bool drop_last,
+                                                int64_t workers, int64_t prefetch, int64_t seed, bool channels_last,
+                                                std::vector<double> mean, std::vector<double> std,
+                                                bool reduced_decode, c10::ScalarType dtype, bool block_local) {
+  return image_loader(std::make_shared<const PackedImages>(path), transforms, size, train, batch_size, shuffle,
+                      drop_last, workers, prefetch, seed, channels_last, std::move(mean), std::move(std),
+                      reduced_decode, dtype, block_local);
 }
 
 std::tuple<int64_t, int64_t, int64_t, std::vector<std::string>> pack_image_folder_op(
@@ -225,15 +230,16 @@ TORCH_LIBRARY_FRAGMENT(afterburner, m) {
         load_images_op);
   // An image folder's listing, and a loader of its files decoding and augmenting each epoch
   // (data/image_pipeline.h).
-  m.def("image_folder_loader(str[] paths, int[] labels, str[] classes, int size, bool train, int batch_size, "
-        "bool shuffle, bool drop_last, int workers, int prefetch, int seed, bool channels_last, float[] mean, "
-        "float[] std, float flip, bool reduced_decode) -> __torch__.torch.classes.afterburner.Loader",
+  m.def("image_folder_loader(str[] paths, int[] labels, str[] classes, str transforms, int size, bool train, "
+        "int batch_size, bool shuffle, bool drop_last, int workers, int prefetch, int seed, bool channels_last, "
+        "float[] mean, float[] std, bool reduced_decode, ScalarType dtype) -> "
+        "__torch__.torch.classes.afterburner.Loader",
         image_folder_loader_op);
   m.def("list_image_folder(str dir, str[]? classes=None) -> (str[], int[], str[])", list_image_folder_op);
   // A pack's loader, as image_folder_loader's; packing an image folder; a pack read whole (pack.h).
-  m.def("pack_loader(str path, int size, bool train, int batch_size, bool shuffle, bool drop_last, int workers, "
-        "int prefetch, int seed, bool channels_last, float[] mean, float[] std, float flip, bool reduced_decode, "
-        "bool block_local) -> __torch__.torch.classes.afterburner.Loader",
+  m.def("pack_loader(str path, str transforms, int size, bool train, int batch_size, bool shuffle, bool drop_last, "
+        "int workers, int prefetch, int seed, bool channels_last, float[] mean, float[] std, bool reduced_decode, "
+        "ScalarType dtype, bool block_local) -> __torch__.torch.classes.afterburner.Loader",
         pack_loader_op);
   m.def("pack_image_folder(str source, str output, int max_side=0, int quality=90, bool raw=False, "
         "str[]? classes=None, bool skip_corrupt=False) -> (int, int, int, str[])",

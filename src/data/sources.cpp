@@ -147,14 +147,15 @@ DataFormat detect_data_format(const std::string& path) {
 
 std::shared_ptr<const ImageRecords> open_image_records(const std::string& path, DataFormat format, Split split,
                                                        const std::vector<std::string>& classes,
-                                                       const std::shared_ptr<SkippedInputs>& skipped) {
+                                                       const std::shared_ptr<SkippedInputs>& skipped,
+                                                       int64_t min_side) {
   if (format == DataFormat::pack) return open_pack(path, classes);
   if (format != DataFormat::folder) {
     throw UsageError("--decode", fmt::format("each-epoch decodes image folders and packs; {} holds {} data", path,
                                              data_format_name(format)));
   }
   ImageFileList list = list_image_folder(image_folder_split(path, split), classes, skipped.get());
-  return std::make_shared<const ImageFiles>(skipped ? readable_images(list, *skipped) : std::move(list));
+  return std::make_shared<const ImageFiles>(skipped ? readable_images(list, *skipped, min_side) : std::move(list));
 }
 
 LabelledDataset load_images(const std::string& path, DataFormat format, Split split, const SourceOptions& options) {
@@ -172,7 +173,7 @@ LabelledDataset load_images(const std::string& path, DataFormat format, Split sp
     case DataFormat::cifar: loaded = load_cifar(path, split); break;
     case DataFormat::npy: loaded = load_array_images(path, split, options.skipped().get()); break;
     case DataFormat::csv:
-      loaded = load_csv_table(csv_file(path, split), options.label_column(), options.skipped());
+      loaded = load_csv_table(csv_file(path, split), options.label_column(), options.skipped(), options.classes());
       break;
   }
   if (format == DataFormat::csv && !options.classes().empty()) loaded.classes = options.classes();

@@ -170,10 +170,16 @@ std::vector<ConfigField> make_fields() {
               &TrainConfig::image_size, 0),
       text("decode",
            "image folders and packs: once (every image decoded into memory at --image-size) or each-epoch (decoded "
-           "by the loader's workers every epoch with RandomResizedCrop and a horizontal flip, as torchvision's "
-           "ImageNet training; evaluation on the centre crop; --image-size 224 unless given); auto: each-epoch for "
-           "packs, once for folders",
+           "by the loader's workers every epoch with --transforms, RandomResizedCrop and a horizontal flip unless "
+           "given, as torchvision's ImageNet training; evaluation on the centre crop; --image-size 224 unless given); "
+           "auto: each-epoch for packs, and for folders whose --transforms crop or resize, else once",
            &TrainConfig::decode, {"auto", "once", "each-epoch"}),
+      text("transforms",
+           "the training images' augmentation, a list of rrcS[:MIN] (RandomResizedCrop), resizeR (the shorter side), "
+           "cropS (RandomCrop), centreS (CenterCrop), padP (zeros around, before crop) and flip[:P]: "
+           "rrc224,flip or resize256,crop224,flip for images decoded each epoch (evaluation: the centre crop of the "
+           "same resize), pad4,crop,flip for images held in memory (default: rrc,flip decoded each epoch, else none)",
+           &TrainConfig::transforms),
       integer("epochs", "passes over the training set", &TrainConfig::epochs, 1),
       integer("batch_size", "samples per micro-batch, over all data-parallel ranks together", &TrainConfig::batch_size, 1),
       integer("eval_batch_size", "samples per evaluation batch", &TrainConfig::eval_batch_size, 1),
@@ -193,7 +199,8 @@ std::vector<ConfigField> make_fields() {
       integer("accumulate", "micro-batches per optimizer step (gradient accumulation)", &TrainConfig::accumulate, 1),
       number("clip_grad_norm", "clip the global gradient norm to this (0 = off)", &TrainConfig::clip_grad_norm, 0, inf),
       number("clip_grad_value", "clip each gradient entry to +-this (0 = off)", &TrainConfig::clip_grad_value, 0, inf),
-      flag("augment", "random crop with 2 pixels of padding on training batches", &TrainConfig::augment),
+      flag("augment", "random crop with 2 pixels of padding on training batches (--transforms pad2,crop)",
+           &TrainConfig::augment),
       flag("fuse", "fused training ops (ReLU+max-pool, Linear+ReLU, Conv2d+ReLU, cross-entropy, flat optimizer)", &TrainConfig::fuse),
       flag("channels_last", "keep image batches and conv weights channels_last (models with convolutions only)",
            &TrainConfig::channels_last),

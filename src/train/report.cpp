@@ -41,7 +41,9 @@ nlohmann::json TrainReport::to_json() const {
                      {"mean", data.mean},
                      {"std", data.std},
                      {"skipped", data.skipped},
-                     {"order", data.order}}},
+                     {"order", data.order},
+                     {"transforms", data.transforms},
+                     {"evaluation_transforms", data.evaluation_transforms}}},
                    {"schedule", schedule},
                    {"test_accuracy", test_accuracy},
                    {"test_accuracy_per_epoch", test_accuracy_per_epoch},
@@ -80,6 +82,10 @@ std::string TrainReport::summary() const {
     text += fmt::format("data               {} training {}, {} {}, {} classes ({}{})\n", data.train_samples, sample,
                         data.evaluation_samples, evaluated_on, data.classes.size(),
                         fmt::join(named, ", "), data.classes.size() > kNamed ? ", ..." : "");
+  }
+  if (!data.transforms.empty() || !data.evaluation_transforms.empty()) {
+    text += fmt::format("transforms         {}{}\n", data.transforms.empty() ? "none" : data.transforms,
+                        data.evaluation_transforms.empty() ? "" : "; evaluation " + data.evaluation_transforms);
   }
   if (!data.skipped.empty()) {
     text += fmt::format("skipped            {} bad input(s), listed in the report; the first: {}\n",

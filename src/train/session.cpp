@@ -16,6 +16,7 @@
 #include "afterburner/core/memory_format.h"
 #include "afterburner/core/threads.h"
 #include "afterburner/data/image_pipeline.h"
+#include "afterburner/data/image_transforms.h"
 #include "afterburner/data/loader.h"
 #include "afterburner/data/pack.h"
 #include "afterburner/data/sources.h"
@@ -250,6 +251,25 @@ data::DataFormat evaluation_format(const TrainConfig& config, data::DataFormat f
   return config.data_format == "auto" ? data::detect_data_format(config.val_data) : format;
 }
 
+// The training images' augmentation: --transforms, or --augment's pad2,crop.
+data::ImageTransforms training_transforms(const TrainConfig& config) {
+  if (config.augment && !config.transforms.empty()) {
+    throw UsageError("--augment", "is --transforms pad2,crop: give one of them");
+  }
+  return data::parse_image_transforms(config.augment ? "pad2,crop" : config.transforms, "--transforms");
+}
+
+// Images decoded each epoch: packs, and folders whose transforms crop or resize as they decode,
+// unless --decode says.
+bool decodes_each_epoch(const TrainConfig& config, data::DataFormat format) {
+  const bool cropped = training_transforms(config).decodes();
+  if (config.decode == "once" && cropped) {
+    throw UsageError("--transforms", config.transforms + " crops images as they are decoded: --decode each-epoch");
+  }
+  if (config.decode != "auto") return config.decode == "each-epoch";
+  return format == data::DataFormat::pack || (format == data::DataFormat::folder && cropped);
+}
+
 std::shared_ptr<data::SkippedInputs> skipped_inputs(const TrainConfig& config) {
   return config.skip_corrupt ? std::make_shared<data::SkippedInputs>() : nullptr;
 }
@@ -265,18 +285,24 @@ std::shared_ptr<data::SkippedInputs> skipped_inputs(const TrainConfig& config) {
 }
 
 // An image folder or a pack decoded by the loader's workers each epoch (data/image_pipeline.h):
-// training images with RandomResizedCrop and a flip, evaluation ones on the centre crop, both
-// normalised by the mean and std of the centre crops of up to kStatisticsImages training images
-// (at up to kStatisticsSize pixels: the statistics hardly depend on the size).
+// training images with --transforms (RandomResizedCrop and a flip unless given), evaluation ones
+// on the centre crop, both normalised by the mean and std of the centre crops of up to
+// kStatisticsImages training images (at up to kStatisticsSize pixels: the statistics hardly depend
+// on the size).
 TrainingData load_each_epoch(const TrainConfig& config, data::DataFormat format) {
   constexpr int64_t kStatisticsImages = 256, kStatisticsSize = 64;
   if (config.augment) {
     throw UsageError("--augment", "pads and shifts stored images; --decode each-epoch crops them at random already");
   }
-  const int64_t size = config.image_size > 0 ? config.image_size : 224;
+  const data::ImageTransforms transforms =
+      data::parse_image_transforms(config.transforms.empty() ? "rrc,flip" : config.transforms, "--transforms");
+  const int64_t size = transforms.side(config.image_size) > 0 ? transforms.side(config.image_size) : 224;
+  const data::DecodeOptions training = transforms.decode_options(true, size).channels_last(config.channels_last);
+  const bool crops_as_stored = training.crop() != data::Crop::random_resized && training.resize() == 0;
   TrainingData data;
   data.skipped = skipped_inputs(config);
-  auto train = data::open_image_records(config.data, format, data::Split::train, {}, data.skipped);
+  auto train = data::open_image_records(config.data, format, data::Split::train, {}, data.skipped,
+                                        crops_as_stored ? size : 0);
   data.train = train;
   const auto pack = std::dynamic_pointer_cast<const data::PackedImages>(train);
   if (pack) data.format = fmt::format("pack ({})", pack->describe_storage());
@@ -296,10 +322,12 @@ TrainingData load_each_epoch(const TrainConfig& config, data::DataFormat format)
     }
     data.evaluation = evaluated;
   }
-  const data::DecodeOptions centre = data::DecodeOptions().size(size).random_resized_crop(false).flip(0);
+  const data::DecodeOptions centre = transforms.decode_options(false, size).channels_last(config.channels_last);
   const int64_t sampled = std::min<int64_t>(kStatisticsImages, train->size());
   const torch::Tensor spread = torch::linspace(0, train->size() - 1, sampled).to(torch::kLong);
-  const auto statistics = data::decode_images(train, data::DecodeOptions(centre).size(std::min(size, kStatisticsSize)));
+  const int64_t statistics_size = std::min(size, kStatisticsSize);
+  const auto statistics = data::decode_images(
+      train, data::DecodeOptions(centre).size(statistics_size).resize(statistics_size * 256 / 224).channels_last(false));
   const torch::Tensor pixels = (*statistics)(train->get_batch(spread), 0).input;  // in [0, 1]
   for (int64_t c = 0; c < 3; ++c) {
     data.mean.push_back(pixels.select(1, c).mean().item<double>());
@@ -307,16 +335,33 @@ TrainingData load_each_epoch(const TrainConfig& config, data::DataFormat format)
   }
   data.channels = 3;
   data.image_size = size;
-  data.train_transform = data::decode_images(train, data::DecodeOptions().size(size).mean(data.mean).std(data.std));
+  data.train_transform = data::decode_images(train, data::DecodeOptions(training).mean(data.mean).std(data.std));
   data.evaluation_transform = data::decode_images(evaluated, data::DecodeOptions(centre).mean(data.mean).std(data.std));
+  data.transforms = transforms.describe(size);
+  data.evaluation_transforms = transforms.describe_evaluation(size);
   return data;
+}
+
+// Images held in memory: scaled to [0, 1] and normalised, augmented by --transforms in training.
+void augment_stored_images(const TrainConfig& config, TrainingData& data) {
+  const data::ImageTransforms transforms = training_transforms(config);
+  if (data.features > 0) {
+    if (config.augment || !config.transforms.empty()) {
+      throw UsageError(config.augment ? "--augment" : "--transforms",
+                       "augments images; " + config.data + " holds rows of features");
+    }
+    return;
+  }
+  std::vector<data::TransformPtr> chain{data::to_float(1.0 / 255), data::normalize(data.mean, data.std)};
+  data.evaluation_transform = data::compose(chain);
+  for (data::TransformPtr& step : transforms.stored_transforms(data.image_size)) chain.push_back(std::move(step));
+  data.train_transform = data::compose(chain);
+  data.transforms = transforms.describe(data.image_size);
 }
 
 // The training and evaluation sets of `format` at config.data.
 TrainingData load_data_of(const TrainConfig& config, data::DataFormat format) {
-  if (config.decode == "each-epoch" || (config.decode == "auto" && format == data::DataFormat::pack)) {
-    return load_each_epoch(config, format);
-  }
+  if (decodes_each_epoch(config, format)) return load_each_epoch(config, format);
   TrainingData data;
   data.skipped = skipped_inputs(config);
   const data::SourceOptions source =
@@ -340,9 +385,7 @@ TrainingData load_data_of(const TrainConfig& config, data::DataFormat format) {
     check_evaluation_set(data, config.data);
   }
   describe_data(*data.train, data);
-  if (data.features > 0 && config.augment) {
-    throw UsageError("--augment", "pads and shifts images; " + config.data + " holds rows of features");
-  }
+  augment_stored_images(config, data);
   return data;
 }
 
@@ -438,7 +481,8 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
       data.features > 0 ? std::vector<int64_t>{data.features}
                         : std::vector<int64_t>{data.channels, data.image_size, data.image_size};
   p.data = {data.format, data.train->size(), data.evaluation->size(), sample, data.classes, data.mean, data.std,
-            data.skipped ? data.skipped->lines() : std::vector<std::string>{}, "exact shuffle"};
+            data.skipped ? data.skipped->lines() : std::vector<std::string>{}, "exact shuffle", data.transforms,
+            data.evaluation_transforms};
   ThreadsGuard threads(p.threads());
   p.device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   const Precision precision = resolve_precision(config.precision, p.device);
@@ -447,13 +491,6 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
     fmt::print(stderr, "afterburner: this C library cannot keep freed memory; --keep-freed-memory has no effect\n");
   }
 
-  std::vector<data::TransformPtr> train_chain{data::to_float(1.0 / 255), data::normalize(data.mean, data.std)};
-  if (config.augment) train_chain.push_back(data::random_crop(2));
-  data::TransformPtr test_chain = data::compose({data::to_float(1.0 / 255), data::normalize(data.mean, data.std)});
-  if (data.train_transform) {
-    train_chain = {data.train_transform};
-    test_chain = data.evaluation_transform;
-  }
 
   torch::manual_seed(config.seed);
   LossFunction loss = config.fuse ? LossFunction(kernels::cross_entropy) : plain_cross_entropy();
@@ -474,15 +511,15 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   }
   p.workers = static_cast<int>(config.workers);
   if (p.workers < 0) {
-    p.workers = data::choose_workers(data.train, loader_options, data::compose(train_chain));
+    p.workers = data::choose_workers(data.train, loader_options, data.train_transform);
     fmt::print(stderr, "afterburner: --workers auto chose {} loader worker(s)\n", p.workers);
   }
   loader_options.workers(p.workers);
-  p.train_loader = std::make_unique<data::Loader>(data.train, loader_options, data::compose(train_chain));
+  p.train_loader = std::make_unique<data::Loader>(data.train, loader_options, data.train_transform);
   p.test_loader = std::make_unique<data::Loader>(
       evaluation,
       data::LoaderOptions(loader_options).batch_size(config.eval_batch_size).shuffle(false).drop_last(false).shard(std::nullopt),
-      test_chain);
+      data.evaluation_transform);
   auto optimizer = make_optimizer(OptimizerOptions()
                                       .kind(config.optimizer)
                                       .lr(config.lr)

@@ -131,5 +131,39 @@ TEST_F(ReadCsv, MissingFile) {
   EXPECT_TRUE(Contains(message, path + ": no such file"));
 }
 
+TEST_F(ReadCsv, TextLabelsAreClassNamesNumberedInSortedOrder) {
+  auto path = write("sepal,petal,species\n5.1,1.4,setosa\n7.0,4.7,versicolor\n4.9,1.4,setosa\n6.3,6.0,virginica\n");
+  const LabelledDataset iris = read_csv_classes(path, CsvOptions().label_name("species").text_labels(true));
+  EXPECT_EQ(iris.classes, (std::vector<std::string>{"setosa", "versicolor", "virginica"}));
+  EXPECT_TRUE(torch::equal(everything(iris.dataset).target, torch::tensor({0, 1, 0, 2}, torch::kLong)));
+  const std::vector<std::string> reversed{"virginica", "versicolor", "setosa"};  // an evaluation file's
+  const LabelledDataset evaluated =
+      read_csv_classes(path, CsvOptions().label_name("species").text_labels(true).class_names(reversed));
+  EXPECT_EQ(evaluated.classes, reversed);
+  EXPECT_TRUE(torch::equal(everything(evaluated.dataset).target, torch::tensor({2, 1, 2, 0}, torch::kLong)));
+  const std::string message = error_message<DataError>([&] {
+    read_csv_classes(path, CsvOptions().label_name("species").text_labels(true).class_names({"setosa"}));
+  });
+  EXPECT_TRUE(Contains(message, path + ":3:3: label 'versicolor' is not one of the training set's 1 classes"));
+  auto skipped = std::make_shared<SkippedInputs>();
+  const LabelledDataset kept = read_csv_classes(
+      path, CsvOptions().label_name("species").text_labels(true).class_names({"setosa"}).skipped(skipped));
+  EXPECT_EQ(kept.dataset->size(), 2);
+  EXPECT_EQ(skipped->lines().size(), 2u);
+}
+
+TEST_F(ReadCsv, ATableOfTextLabelsHasAHeaderOnlyWhereItNamesNumberColumns) {
+  const std::string headed = write("sepal,petal,species\n5.1,1.4,setosa\n7.0,4.7,versicolor\n");
+  EXPECT_EQ(read_csv_header(headed, ','), (std::vector<std::string>{"sepal", "petal", "species"}));
+  const std::string bare = write("5.1,1.4,setosa\n7.0,4.7,versicolor\n6.3,6.0,virginica\n");
+  EXPECT_TRUE(read_csv_header(bare, ',').empty());
+  const LabelledDataset table = load_csv_table(bare);  // no header, the last column, names
+  EXPECT_EQ(table.classes, (std::vector<std::string>{"setosa", "versicolor", "virginica"}));
+  EXPECT_EQ(table.dataset->size(), 3);
+  EXPECT_TRUE(torch::equal(everything(table.dataset).input, torch::tensor({5.1f, 1.4f, 7.0f, 4.7f, 6.3f, 6.0f}).view({3, 2})));
+  const LabelledDataset numbered = load_csv_table(write("a,b,label\n1,2,1\n3,4,0\n"));
+  EXPECT_EQ(numbered.classes, (std::vector<std::string>{"0", "1"}));  // integer labels stay class indices
+}
+
 }  // namespace
 }  // namespace afterburner::data

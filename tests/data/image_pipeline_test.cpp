@@ -101,21 +101,50 @@ TEST(ImagePipeline, BatchesAreTheSameForAnyWorkerCountAndOnASecondRun) {
   EXPECT_TRUE(torch::isfinite(serial[0].input).all().item<bool>());
 }
 
-TEST(ImagePipeline, EvaluationIsTheCentreBoxResampledNormalisedAndGrayRepeated) {
+// The pixels of `path`, decoded whole: uint8 [C, H, W].
+torch::Tensor stored_pixels(const std::string& path) {
+  const std::string bytes = testing::read_file(path);
+  Pixels pixels = decode_pixels(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
+  return torch::from_blob(pixels.hwc.data(), {pixels.height, pixels.width, pixels.channels}, torch::kByte)
+      .permute({2, 0, 1})
+      .clone();
+}
+
+// Where `window` [C, S, S] lies in `image` [C, H, W] (channels repeated from a gray one), as
+// (x, y); (-1, -1) when nowhere.
+std::pair<int64_t, int64_t> find_window(const torch::Tensor& image, const torch::Tensor& window) {
+  const int64_t side = window.size(1);
+  const torch::Tensor wanted = window.narrow(0, 0, image.size(0));
+  for (int64_t y = 0; y + side <= image.size(1); ++y) {
+    for (int64_t x = 0; x + side <= image.size(2); ++x) {
+      if (torch::equal(image.narrow(1, y, side).narrow(2, x, side), wanted)) return {x, y};
+    }
+  }
+  return {-1, -1};
+}
+
+// One epoch's images of `folder` in file order, as uint8 pixel values (unnormalised options).
+torch::Tensor pixel_values(const PhotoFolder& folder, const DecodeOptions& options, int64_t epoch) {
+  Loader loader(folder.files, LoaderOptions().batch_size(6).shuffle(false).drop_last(false).workers(0).seed(2),
+                decode_images(folder.files, options));
+  return (loader.epoch(epoch).begin()->input * 255).round().to(torch::kByte);
+}
+
+// CenterCrop's offset of `side` in `total` (rounded half to even, as Python's round()).
+int64_t centred(int64_t total, int64_t side) { return static_cast<int64_t>(std::nearbyint((total - side) / 2.0)); }
+
+TEST(ImagePipeline, CentreCropsAreNormalisedAndGrayRepeatedAndMirroredWhenAsked) {
   PhotoFolder folder;
-  const DecodeOptions options =
-      DecodeOptions().size(24).random_resized_crop(false).flip(0).mean({0.5}).std({0.25}).reduced_decode(false);
+  const DecodeOptions options = DecodeOptions().size(24).crop(Crop::centre).flip(0).mean({0.5}).std({0.25});
   Loader loader(folder.files, LoaderOptions().batch_size(6).shuffle(false).drop_last(false).workers(0),
                 decode_images(folder.files, options));
   const Batch batch = *loader.epoch(0).begin();
   EXPECT_TRUE(torch::equal(batch.target, torch::tensor({0, 0, 0, 1, 1, 1}, torch::kLong)));
-  const std::vector<std::tuple<int, Box>> expected{{0, Box{55, 15, 210, 210}}, {2, Box{20, 4, 56, 56}}};
-  for (const auto& [index, box] : expected) {
-    const std::string path = folder.files->files().paths[index];
-    const std::string bytes = testing::read_file(path);
-    const Pixels pixels = decode_pixels(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
-    const torch::Tensor reference = (resample_box(pixels, box, 24) / 255 - 0.5) / 0.25;
-    EXPECT_LT((batch.input[index] - reference.expand({3, -1, -1})).abs().max().item<float>(), 1e-5f) << path;
+  for (int64_t i = 0; i < 6; ++i) {
+    const torch::Tensor image = stored_pixels(folder.files->files().paths[i]);
+    const torch::Tensor window = image.narrow(1, centred(image.size(1), 24), 24).narrow(2, centred(image.size(2), 24), 24);
+    const torch::Tensor reference = (window.to(torch::kFloat) / 255 - 0.5) / 0.25;  // c.jpg's gray, repeated
+    EXPECT_LT((batch.input[i] - reference.expand({3, -1, -1})).abs().max().item<float>(), 1e-5f) << i;
   }
   const Batch mirrored =
       *Loader(folder.files, LoaderOptions().batch_size(6).shuffle(false).workers(0),
@@ -123,6 +152,67 @@ TEST(ImagePipeline, EvaluationIsTheCentreBoxResampledNormalisedAndGrayRepeated) 
            .epoch(0)
            .begin();
   EXPECT_TRUE(torch::equal(mirrored.input, batch.input.flip(3)));
+}
+
+TEST(ImagePipeline, RandomAndCentreCropsOfUnresizedImagesAreTheirPixelWindows) {
+  PhotoFolder folder;
+  const DecodeOptions random = DecodeOptions().size(40).crop(Crop::random).flip(0).reduced_decode(false);
+  const torch::Tensor first = pixel_values(folder, random, 0), second = pixel_values(folder, random, 1);
+  const torch::Tensor centre = pixel_values(folder, DecodeOptions(random).crop(Crop::centre), 0);
+  const torch::Tensor mirrored = pixel_values(folder, DecodeOptions(random).flip(1), 0);
+  int64_t moved = 0;
+  for (int64_t i = 0; i < 6; ++i) {
+    const std::string path = folder.files->files().paths[i];
+    const torch::Tensor image = stored_pixels(path);
+    const auto [x, y] = find_window(image, first[i]);
+    EXPECT_GE(x, 0) << path;  // RandomCrop(40): a window of the stored pixels, anywhere in it
+    EXPECT_GE(find_window(image, second[i]).first, 0) << path;
+    moved += x != find_window(image, second[i]).first || y != find_window(image, second[i]).second;
+    EXPECT_EQ(find_window(image, centre[i]), std::make_pair(centred(image.size(2), 40), centred(image.size(1), 40)))
+        << path;
+    EXPECT_TRUE(torch::equal(mirrored[i], first[i].flip(2))) << path;  // the same window, mirrored
+  }
+  EXPECT_GE(moved, 4);  // another epoch, other windows
+}
+
+TEST(ImagePipeline, AnImageSmallerThanAnUnresizedCropIsOneLineNamingItOrSkipped) {
+  PhotoFolder folder;  // c.jpg is 97x64
+  const std::string small = folder.files->files().paths[2];
+  const std::string message = error_message<DataError>(
+      [&] { epoch_of(folder, DecodeOptions().size(100).crop(Crop::centre).flip(0), 0); });
+  EXPECT_TRUE(Contains(message, small + ": 97x64 is smaller than the 100-pixel crop")) << message;
+  EXPECT_NO_THROW(epoch_of(folder, DecodeOptions().size(100).crop(Crop::centre).resize(110), 0));  // resized first
+  SkippedInputs skipped;
+  const ImageFileList kept = readable_images(folder.files->files(), skipped, 100);
+  EXPECT_EQ(kept.paths.size(), 5u);
+  ASSERT_EQ(skipped.lines().size(), 1u);
+  EXPECT_TRUE(Contains(skipped.lines()[0], small + ": 97x64 is smaller than the 100-pixel crop"));
+  EXPECT_TRUE(Contains(error_message<UsageError>([&] { decode_images(folder.files, DecodeOptions().size(64).resize(60)); }),
+                       "60 is smaller than the 64-pixel crop"));
+}
+
+TEST(ImagePipeline, Bf16AndChannelsLastBatchesAreTheFloatOnesRoundedAndReordered) {
+  PhotoFolder folder;
+  const DecodeOptions options = DecodeOptions().size(20).mean({0.5, 0.4, 0.3}).std({0.2, 0.25, 0.3});
+  const std::vector<Batch> planes = epoch_of(folder, options, 2);
+  for (const auto& [dtype, channels_last] :
+       std::vector<std::pair<torch::ScalarType, bool>>{{torch::kBFloat16, false}, {torch::kFloat, true},
+                                                       {torch::kBFloat16, true}}) {
+    for (int run = 0; run < 2; ++run) {  // and a second time: the pooled buffers give the same
+      const std::vector<Batch> batches = epoch_of(folder, DecodeOptions(options).dtype(dtype).channels_last(channels_last), 2);
+      ASSERT_EQ(batches.size(), planes.size());
+      for (size_t b = 0; b < planes.size(); ++b) {
+        EXPECT_EQ(batches[b].input.scalar_type(), dtype);
+        EXPECT_EQ(batches[b].input.is_contiguous(channels_last ? at::MemoryFormat::ChannelsLast
+                                                               : at::MemoryFormat::Contiguous),
+                  true);
+        EXPECT_TRUE(torch::equal(batches[b].input, planes[b].input.to(dtype))) << b;  // the gray c.jpg included
+      }
+    }
+  }
+  EXPECT_TRUE(Contains(error_message<UsageError>(
+                           [&] { decode_images(folder.files, DecodeOptions().dtype(torch::kHalf)); }),
+                       "not float32 or bfloat16"));
 }
 
 TEST(ImagePipeline, ReducedDecodingStaysCloseToWholeDecoding) {

@@ -301,13 +301,10 @@ def test_image_folder_batches_are_the_centre_box_in_evaluation_and_random_crops_
     assert folder.classes == ["a", "b"] and folder.targets == [0, 0, 1, 1, 1] and len(folder) == 1
     (images, labels), = list(folder)
     assert images.shape == (5, 3, 64, 64) and labels.tolist() == folder.targets
-    for index, path in enumerate(folder.samples):
-        pixels = data.decode_image(path)
-        side = round(min(pixels.shape[1:]) * 224 / 256)
-        x, y = (pixels.shape[2] - side) // 2, (pixels.shape[1] - side) // 2
-        expected = (data.resample_box(pixels, x, y, side, side, 64) / 255 - torch.tensor(mean)[:, None, None]) / \
-            torch.tensor(std)[:, None, None]
-        assert (images[index] - expected).abs().max() < 1e-5, path
+    for index, path in enumerate(folder.samples):  # torchvision's Resize(64 * 256 // 224) + CenterCrop(64)
+        pixels = TF.center_crop(TF.resize(data.decode_image(path).float(), 73, antialias=True), [64, 64])
+        expected = (pixels / 255 - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+        assert (images[index] - expected).abs().max() < 1e-4, path
     singles = data.ImageFolder(tmp_path, size=64, train=False, batch_size=1, mean=mean, std=std, workers=2,
                                reduced_decode=False)
     for _ in range(2):  # batch size 1, and a second epoch: the same images one by one
@@ -345,6 +342,65 @@ def test_train_decodes_a_jpeg_folder_each_epoch_the_same_for_any_worker_count(fo
     for argv, fragments in ((["--data", str(formats[0]["idx"]), "--decode", "each-epoch"], ["--decode", "idx data"]),
                             (["--data", str(tmp_path / "jpegs"), "--decode", "each-epoch", "--augment"],
                              ["--augment", "at random already"])):
+        run = subprocess.run([BINARY, "train", *argv, "--max-steps", "1"], capture_output=True, text=True)
+        assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert all(fragment in run.stderr for fragment in fragments), run.stderr
+
+
+def photo_folder(root, shapes):
+    """Smooth colour JPEGs of (height, width) `shapes`, alternately in class folders a and b."""
+    for index, (height, width) in enumerate(shapes):
+        folder = root / ("a" if index % 2 == 0 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(smooth_image(height, width, 3, index)).save(folder / f"{index}.jpg", quality=95)
+    return root
+
+
+def test_a_listed_resize_and_centre_crop_is_torchvisions(tmp_path):
+    root = photo_folder(tmp_path, [(60, 80), (97, 64), (50, 50), (120, 45)])
+    ours = data.ImageFolder(root, transforms="resize40,crop32,flip", train=False, batch_size=4, workers=0,
+                            reduced_decode=False)
+    (images, _), = list(ours)
+    for index, path in enumerate(ours.samples):
+        pixels = data.decode_image(path)
+        reference = TF.center_crop(TF.resize(pixels.float(), 40, antialias=True), [32, 32]) / 255
+        assert (images[index] - reference).abs().max() < 1e-5, path  # to float rounding
+
+
+def test_bf16_channels_last_batches_are_the_float_ones_rounded(tmp_path):
+    root = photo_folder(tmp_path, [(60, 80), (97, 64), (50, 50), (120, 45), (33, 90)])
+    settings = dict(transforms="resize36,crop32,flip", batch_size=2, workers=2, seed=4, mean=[0.5] * 3, std=[0.2] * 3)
+    planes = data.ImageFolder(root, **settings)
+    packed = data.ImageFolder(root, dtype=torch.bfloat16, channels_last=True, **settings)
+    for _ in range(2):  # two epochs
+        for (ours, labels), (reference, reference_labels) in zip(packed, planes):
+            assert ours.dtype == torch.bfloat16 and ours.is_contiguous(memory_format=torch.channels_last)
+            assert torch.equal(ours, reference.to(torch.bfloat16)) and torch.equal(labels, reference_labels)
+    with pytest.raises(RuntimeError, match="transforms: 'blur' in 'rrc,blur': unknown"):
+        data.ImageFolder(root, transforms="rrc,blur")
+    with pytest.raises(ValueError, match="dtype"):
+        data.ImageFolder(root, dtype=torch.float16)
+
+
+@pytest.mark.skipif(not BINARY, reason="AFTERBURNER_BINARY is set by ctest")
+def test_train_transforms_lists_for_folders_and_stored_images(formats, tmp_path):
+    paths, _ = formats
+    folder = photo_folder(tmp_path / "photos", [(40 + i % 5 * 7, 44 + i % 3 * 9) for i in range(24)])
+    listed = train_report(folder, tmp_path, "--transforms", "resize36,crop32,flip", "--validation-split", "0.25",
+                          length=("--epochs", "1", "--batch-size", "6"))["data"]
+    assert listed["transforms"] == "resize36,crop32,flip:0.5" and listed["evaluation_transforms"] == "resize36,centre32"
+    assert listed["format"] == "folder" and listed["sample"] == [3, 32, 32]  # decoded each epoch: it crops
+    augmented = train_report(paths["idx"], tmp_path, "--augment")
+    padded = train_report(paths["idx"], tmp_path, "--transforms", "pad2,crop")
+    assert padded["data"]["transforms"] == "pad2,crop28" and augmented["data"]["transforms"] == "pad2,crop28"
+    assert [(e["accuracy"], e["loss"]) for e in padded["evaluations"]] == \
+        [(e["accuracy"], e["loss"]) for e in augmented["evaluations"]]
+    for argv, fragments in ((["--data", str(paths["idx"]), "--transforms", "rrc28"], ["--transforms", "as they are decoded"]),
+                            (["--data", str(paths["idx"]), "--transforms", "pad2,crop", "--augment"], ["--augment", "one of them"]),
+                            (["--data", str(folder), "--transforms", "rrc32", "--decode", "once"], ["--decode each-epoch"]),
+                            (["--data", str(folder), "--transforms", "rrc64", "--image-size", "32"], ["64-pixel crop differs"]),
+                            (["--data", str(write_table(tmp_path / "table.csv", *blobs(40, 0))), "--validation-split",
+                              "0.25", "--transforms", "flip"], ["--transforms", "rows of features"])):
         run = subprocess.run([BINARY, "train", *argv, "--max-steps", "1"], capture_output=True, text=True)
         assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
         assert all(fragment in run.stderr for fragment in fragments), run.stderr
@@ -433,6 +489,30 @@ def test_train_learns_a_table_standardised_per_feature(tmp_path):
                              capture_output=True, text=True)
         assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
         assert all(fragment in run.stderr for fragment in fragments), run.stderr
+
+
+@pytest.mark.skipif(not BINARY, reason="AFTERBURNER_BINARY is set by ctest")
+def test_train_names_the_classes_of_text_labels(tmp_path):
+    names = numpy.array(["virginica", "setosa", "versicolor"])  # label i of blobs() is names[i]
+    for split, rows, seed in (("train", 600, 2), ("test", 200, 3)):
+        features, labels = blobs(rows, seed)
+        write_table(tmp_path / f"iris_{split}.csv", features, names[labels])
+    report = train_report(tmp_path, tmp_path, "--model", "mlp", length=("--epochs", "3", "--batch-size", "32"))
+    assert report["data"]["classes"] == sorted(set(names)) and report["test_accuracy"] > 0.9
+    loaded, targets, classes = data.load_images(tmp_path / "iris_train.csv")
+    features, labels = blobs(600, 2)
+    assert classes == sorted(names) and torch.equal(loaded, torch.from_numpy(features.astype(numpy.float32)))
+    assert [classes[t] for t in targets.tolist()] == names[labels].tolist()
+    test = tmp_path / "iris_test.csv"
+    lines = test.read_text().splitlines()
+    lines[5] = lines[5].replace("setosa", "rosea").replace("virginica", "rosea").replace("versicolor", "rosea")
+    test.write_text("\n".join(lines) + "\n")
+    run = run_train("--data", tmp_path, "--model", "mlp", "--max-steps", "1")
+    assert run.returncode == 1 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "iris_test.csv:6:4: label 'rosea' is not one of the training set's 3 classes" in run.stderr, run.stderr
+    skipped = train_report(tmp_path, tmp_path, "--model", "mlp", "--skip-corrupt",
+                           length=("--epochs", "1", "--max-steps", "2"))
+    assert skipped["data"]["evaluation_samples"] == 199 and len(skipped["data"]["skipped"]) == 1
 
 
 def run_train(*argv):

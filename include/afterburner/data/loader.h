@@ -51,7 +51,7 @@ struct LoaderOptions {
   // Leaves out the last, partial batch.
   TORCH_ARG(bool, drop_last) = true;
   TORCH_ARG(uint64_t, seed) = 0;
-  // Makes a 4-D input channels_last contiguous.
+  // Makes a 4-D input channels_last contiguous (one a transform wrote so stays so either way).
   TORCH_ARG(bool, channels_last) = false;
   // This rank's shard of every epoch, in DistributedSampler's order; none: all samples, in the
   // loader's own seeded order.

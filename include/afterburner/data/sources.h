@@ -63,10 +63,12 @@ struct SourceOptions {
 
 // The images of `split` of an image folder or a pack, to be decoded each epoch (image_pipeline.h),
 // with the training set's `classes` when opening an evaluation set (a pack must hold the same).
-// With `skipped`, an image folder's files are all decoded once, the corrupt ones left out.
+// With `skipped`, an image folder's files are all decoded once, the corrupt ones and those whose
+// shorter side is below `min_side` (the crop, when it is cut from the stored pixels) left out.
 std::shared_ptr<const ImageRecords> open_image_records(const std::string& path, DataFormat format, Split split,
                                                        const std::vector<std::string>& classes = {},
-                                                       const std::shared_ptr<SkippedInputs>& skipped = nullptr);
+                                                       const std::shared_ptr<SkippedInputs>& skipped = nullptr,
+                                                       int64_t min_side = 0);
 
 // `split` of the dataset at `path`.
 LabelledDataset load_images(const std::string& path, DataFormat format, Split split,

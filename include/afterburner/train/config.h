@@ -20,10 +20,13 @@ struct TrainConfig {
   std::string data_format = "auto";  // data/sources.h: auto, idx, folder, cifar, npy, csv, pack
   std::string val_data;              // a separate evaluation set (empty: --data's test split)
   std::string label_column;          // a CSV file's label column, by name or index (empty: data/csv.h's choice)
-  bool skip_corrupt = false;
-  std::string shuffle = "auto";      // exact, block-local (packs: a few 4 MiB blocks at a time) or auto         // skip (and report) corrupt images, bad CSV rows, labels outside the classes
+  bool skip_corrupt = false;         // skip (and report) corrupt images, bad CSV rows, labels outside the classes
+  std::string shuffle = "auto";      // exact, block-local (packs: a few 4 MiB blocks at a time) or auto
   int64_t image_size = 0;            // image folders resized and cropped to this square (0 = as stored; 224 each epoch)
   std::string decode = "auto";       // "once" into memory, "each-epoch" with random crops; auto: each-epoch for packs
+  // Training images' augmentation, a list (data/image_transforms.h): "rrc224,flip", "pad4,crop,flip"; empty:
+  // rrc,flip for images decoded each epoch, none (or --augment's pad2,crop) for images in memory.
+  std::string transforms;
   // The default recipe reaches 91% on Fashion-MNIST's cnn in the fewest samples measured
   // (docs/time-to-accuracy.md): no augmentation, Nesterov SGD at 0.1, cosine over 3 epochs.
   int64_t epochs = 3;
@@ -46,7 +49,7 @@ struct TrainConfig {
   int64_t accumulate = 1;
   double clip_grad_norm = 0;       // 0 = off
   double clip_grad_value = 0;      // 0 = off
-  bool augment = false;            // random crop with 2 pixels of padding: slower to 91% in 3 epochs
+  bool augment = false;            // --transforms pad2,crop: slower to 91% in 3 epochs
   bool fuse = true;                // afterburner's fused ops, loss and optimizer step
   // For models that convolve (a 4-D parameter): oneDNN's NHWC kernels, where NCHW tensors are
   // reordered to blocked layouts at every convolution (the zoo cnn 1.11x in bf16, within noise in

@@ -49,6 +49,8 @@ struct DataSummary {
   std::vector<double> mean, std;
   std::vector<std::string> skipped;  // with --skip-corrupt: each input left out, "source: problem"
   std::string order;                 // of the training samples: "exact shuffle", or block-local's, described
+  // Augmentation of training images and evaluation's crop, as --transforms lists them (empty: none).
+  std::string transforms, evaluation_transforms;
 };
 
 struct TrainReport {

@@ -35,10 +35,13 @@ struct TrainingData {
   // Per channel, of the training images scaled to [0, 1]; or per feature of a table's rows.
   std::vector<double> mean, std;
   std::vector<std::string> classes;  // label i is classes[i]
-  // The transforms that turn the datasets' batches into the model's normalised input: for image
-  // folders decoded each epoch (whose batches are file indices) and tables; none: the datasets
-  // hold uint8 images, scaled and normalised by the session.
+  // The transforms that turn the datasets' batches into the model's input, scaled, normalised and
+  // augmented: image records decoded each epoch (whose batches are their indices), uint8 images,
+  // or a table's rows.
   data::TransformPtr train_transform, evaluation_transform;
+  // What they do to images, as --transforms lists (data/image_transforms.h): "rrc224:0.08,flip:0.5";
+  // evaluation "resize256,centre224" (empty: images as stored).
+  std::string transforms, evaluation_transforms;
   // With --skip-corrupt: the inputs left out (null: a bad input stops the run).
   std::shared_ptr<data::SkippedInputs> skipped;
 };
