@@ -7,7 +7,7 @@ round, medians of --reps rounds with min and max, and the ratio.
 
     /usr/bin/python3 bench/make_image_folder.py /tmp/jpegs          # 20,000 + 2,000 JPEGs of 300-500 px
     PYTHONPATH=build/python /usr/bin/python3 bench/image_loader.py /tmp/jpegs/train [--reps 3] [--images 3200]
-        [--size 224] [--batch 64] [--workers 0,1,2,3,4] [--eval] [--pack train.abpk ...]
+        [--size 224] [--batch 64] [--workers 0,1,2,3,4] [--eval] [--pack train.abpk ...] [--bf16-channels-last]
 
 torchvision runs two ways: PIL's decoder and transforms (ImageFolder's default, the tutorials'), and
 torchvision.io's decoder with the same transforms on uint8 tensors; each round's ratio is against
@@ -16,7 +16,9 @@ share of the images (torchvision's: worker processes, persistent; afterburner's:
 before the rounds so that both find them in the page cache. --eval measures the evaluation
 transforms instead (Resize(256) + CenterCrop(224); afterburner's centre box). Each --pack (a
 pack of the same folder, `afterburner data pack`) adds an afterburner side reading it, with its own
-ratio against the same torchvision rounds.
+ratio against the same torchvision rounds. --bf16-channels-last: batches as a bf16 channels_last
+model takes them (afterburner's decoder writes them so; torchvision's workers convert each batch in
+their collate_fn, off the main process).
 """
 import argparse
 import functools
@@ -37,7 +39,13 @@ MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 def afterburner_loader(args, workers, root=None):
     return afterburner.data.ImageFolder(root or args.root, size=args.size, train=not args.eval,
                                         batch_size=args.batch, mean=MEAN, std=STD, workers=workers, shuffle=True,
-                                        drop_last=True)
+                                        drop_last=True, channels_last=args.bf16_channels_last,
+                                        dtype=torch.bfloat16 if args.bf16_channels_last else torch.float32)
+
+
+def bf16_channels_last_batch(samples):
+    images, labels = torch.utils.data.default_collate(samples)
+    return images.to(memory_format=torch.channels_last).to(torch.bfloat16), labels
 
 
 def decoded_by_torchvision_io(path):
@@ -61,7 +69,8 @@ def torchvision_loader(args, workers, tensors=False):
                                                loader=decoded_by_torchvision_io if tensors else
                                                torchvision.datasets.folder.default_loader)
     return torch.utils.data.DataLoader(dataset, batch_size=args.batch, shuffle=True, drop_last=True,
-                                       num_workers=workers, persistent_workers=workers > 0)
+                                       num_workers=workers, persistent_workers=workers > 0,
+                                       collate_fn=bf16_channels_last_batch if args.bf16_channels_last else None)
 
 
 SIDES = {"afterburner": afterburner_loader, "torchvision": torchvision_loader,
@@ -97,6 +106,7 @@ def main():
     parser.add_argument("--workers", default="0,1,2,3,4")
     parser.add_argument("--eval", action="store_true")
     parser.add_argument("--pack", action="append", default=[])
+    parser.add_argument("--bf16-channels-last", action="store_true")
     args = parser.parse_args()
     args.workers = [int(w) for w in args.workers.split(",")]
     for pack in args.pack:
@@ -106,7 +116,7 @@ def main():
                 pass
     torch.set_num_threads(2)
     print(f"{cpu_description()}; {load_description()}; {'evaluation' if args.eval else 'training'} transforms, "
-          f"{args.size} px, batch {args.batch}", flush=True)
+          f"{args.size} px, batch {args.batch}{', bf16 channels_last' if args.bf16_channels_last else ''}", flush=True)
     for path in torchvision.datasets.ImageFolder(args.root).samples:  # into the page cache, for both sides
         with open(path[0], "rb") as file:
             file.read()

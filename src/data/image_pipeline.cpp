@@ -286,6 +286,19 @@ int decode_eighths(const Region& box, int64_t size) {
   return 8;
 }
 
+// RGB pixels made gray in place as PIL's convert("L") does (ITU-R 601-2 luma in 16-bit fixed
+// point, rounded).
+void to_luma(Pixels& pixels) {
+  const int64_t count = pixels.width * pixels.height;
+  uint8_t* values = pixels.hwc.data();
+  for (int64_t i = 0; i < count; ++i) {
+    const uint8_t* rgb = values + 3 * i;
+    values[i] = static_cast<uint8_t>((rgb[0] * 19595 + rgb[1] * 38470 + rgb[2] * 7471 + 0x8000) >> 16);
+  }
+  pixels.channels = 1;
+  pixels.hwc.resize(static_cast<size_t>(count));
+}
+
 // A worker's buffers, kept from image to image: allocating them anew per image cost page faults
 // (glibc maps blocks this large afresh each time).
 struct Scratch {
@@ -393,7 +406,10 @@ class DecodeImages : public BatchTransform {
     const Pixels& pixels = scratch.pixels;
     record_pixels(record, path, eighths, scratch.pixels, reduced ? &part : nullptr);
     if (pixels.channels > options_.channels()) {
-      throw DataError(path, "a colour image in a set decoded to one channel (DecodeOptions::channels)");
+      if (!options_.gray_from_colour()) {
+        throw DataError(path, "a colour image in a set decoded to one channel (DecodeOptions::channels)");
+      }
+      to_luma(scratch.pixels);
     }
     const Region within{region.x - pixels.left, region.y - pixels.top, region.width, region.height,
                         region.reads_outside};

@@ -101,6 +101,16 @@ ImageRecords::Record ImageFiles::record(int64_t index, std::vector<char>& scratc
 
 std::string ImageFiles::source(int64_t index) const { return files_.paths.at(static_cast<size_t>(index)); }
 
+EncodedImages::EncodedImages(std::vector<std::string> images, std::string name)
+    : images_(std::move(images)), name_(std::move(name)), labels_(images_.size(), 0) {}
+
+ImageRecords::Record EncodedImages::record(int64_t index, std::vector<char>&) const {
+  const std::string& image = images_.at(static_cast<size_t>(index));
+  return {reinterpret_cast<const uint8_t*>(image.data()), image.size()};
+}
+
+std::string EncodedImages::source(int64_t index) const { return fmt::format("{} {}", name_, index + 1); }
+
 ImageSize record_size(const ImageRecords::Record& record, const std::string& source) {
   if (record.raw) return {record.width, record.height, false};
   return read_image_size(record.bytes, record.size, source);

@@ -80,10 +80,14 @@ torch::Tensor block_local_order(const torch::Tensor& blocks, int64_t window, uin
 }
 
 torch::Tensor sharded_order(int64_t size, const Shard& shard, bool shuffle, uint64_t seed, int64_t epoch) {
-  check_shard(shard);
   torch::Tensor order = torch::arange(size, torch::kLong);
   if (shuffle) order = torch::randperm(size, at::detail::createCPUGenerator(seed + static_cast<uint64_t>(epoch)), torch::kLong);
-  const int64_t count = shard.count();
+  return shard_of(order, shard);
+}
+
+torch::Tensor shard_of(torch::Tensor order, const Shard& shard) {
+  check_shard(shard);
+  const int64_t size = order.size(0), count = shard.count();
   const int64_t total = samples_per_shard(size, shard) * count;
   if (total > size && size > 0) {
     // DistributedSampler pads with the order's start, repeated as often as the padding needs.
@@ -174,12 +178,13 @@ class LoaderCore {
 
   torch::Tensor order_of(int64_t epoch, uint64_t epoch_seed) const {
     const int64_t size = dataset_->size();
+    const torch::Tensor blocks = options_.block_local() && options_.shuffle() ? dataset_->storage_blocks() : torch::Tensor();
+    if (blocks.defined()) {  // the same order on every rank: their shards read the same window of blocks
+      const torch::Tensor order = block_local_order(blocks, options_.block_window(), derive_seed(epoch_seed, 0));
+      return options_.shard() ? shard_of(order, *options_.shard()) : order;
+    }
     if (options_.shard()) return sharded_order(size, *options_.shard(), options_.shuffle(), options_.seed(), epoch);
     if (!options_.shuffle()) return torch::arange(size, torch::kLong);
-    if (options_.block_local()) {
-      const torch::Tensor blocks = dataset_->storage_blocks();
-      if (blocks.defined()) return block_local_order(blocks, options_.block_window(), derive_seed(epoch_seed, 0));
-    }
     return shuffled_order(size, derive_seed(epoch_seed, 0));
   }
 

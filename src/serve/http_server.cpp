@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "afterburner/serve/image_input.h"
 #include "afterburner/serve/protocol.h"
 
 namespace afterburner::serve {
@@ -67,6 +68,24 @@ std::optional<std::size_t> parse_json_length(std::string_view text, std::size_t 
     return std::nullopt;
   }
   return value;
+}
+
+// The integer value of `name` in the target's query string; 0 (refused by the caller) when it is
+// not a number, nullopt when absent.
+std::optional<int64_t> query_integer(std::string_view target, std::string_view name) {
+  const size_t question = target.find('?');
+  if (question == std::string_view::npos) return std::nullopt;
+  std::string_view query = target.substr(question + 1);
+  while (!query.empty()) {
+    const std::string_view pair = query.substr(0, query.find('&'));
+    query = pair.size() < query.size() ? query.substr(pair.size() + 1) : std::string_view{};
+    if (pair.substr(0, name.size()) != name || pair.substr(name.size(), 1) != "=") continue;
+    const std::string_view text = pair.substr(name.size() + 1);
+    int64_t value = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    return error == std::errc() && end == text.data() + text.size() ? value : 0;
+  }
+  return std::nullopt;
 }
 
 class Session;
@@ -278,6 +297,10 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void infer(std::string_view model, Request& request) {
+    const std::string_view content_type = view(request[http::field::content_type]);
+    if (is_image_content_type(content_type) || is_multipart_content_type(content_type)) {
+      return infer_images(model, request, content_type);
+    }
     std::optional<std::size_t> json_length;
     auto header = request.find("Inference-Header-Content-Length");
     if (header != request.end()) {
@@ -291,6 +314,27 @@ class Session : public std::enable_shared_from_this<Session> {
     ReplyCallback reply = reply_callback();
     try {
       server_.service().infer(model, std::move(request.body()), json_length, reply);
+    } catch (const std::exception& e) {
+      reply(error_reply(500, e.what()));
+    }
+  }
+
+  // One image as the body, or the parts of a multipart body; ?top_k=K (default kTopClasses).
+  void infer_images(std::string_view model, Request& request, std::string_view content_type) {
+    constexpr int64_t kTopClasses = 5;
+    ReplyCallback reply = reply_callback();
+    try {
+      std::vector<std::string> images;
+      if (is_image_content_type(content_type)) {
+        images.push_back(std::move(request.body()));
+      } else {
+        images = multipart_parts(request.body(), content_type);
+      }
+      const std::optional<int64_t> top_k = query_integer(view(request.target()), "top_k");
+      if (top_k && *top_k < 1) return reply(error_reply(400, "top_k must be a positive integer"));
+      server_.service().infer_images(model, std::move(images), top_k.value_or(kTopClasses), reply);
+    } catch (const RequestError& e) {
+      reply(error_reply(e.status(), e.what()));
     } catch (const std::exception& e) {
       reply(error_reply(500, e.what()));
     }

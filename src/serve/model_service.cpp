@@ -12,6 +12,7 @@
 #include "afterburner/infer/optimize.h"
 #include "afterburner/infer/verify.h"
 #include "afterburner/serve/batcher.h"
+#include "afterburner/serve/image_input.h"
 #include "afterburner/serve/metrics.h"
 #include "afterburner/serve/protocol.h"
 
@@ -201,19 +202,56 @@ void ModelService::infer(std::string_view name, std::string body, std::optional<
     return fail(500, fmt::format("model '{}': {}", name, e.what()));
   }
   std::vector<at::Tensor> inputs = std::move(request.inputs);
-  model->batcher->submit(std::move(inputs), [model, request = std::move(request), reply](BatchResult result) {
+  auto encode = [model, request = std::move(request)](const std::vector<at::Tensor>& outputs) {
+    return encode_infer_response(model->config, request, outputs);
+  };
+  submit(*model, std::move(inputs), std::move(encode), std::move(reply));
+}
+
+void ModelService::infer_images(std::string_view name, std::vector<std::string> images, int64_t top_k,
+                                ReplyCallback reply) {
+  Model* model = find(name);
+  if (!model) return reply(error_reply(404, fmt::format("unknown model '{}'", name)));
+  const ModelConfig& config = model->config;
+  auto fail = [model, &reply](int status, const std::string& message) {
+    model->metrics.request_failure += 1;
+    reply(error_reply(status, message));
+  };
+  if (!config.image) {
+    return fail(415, fmt::format("model '{}' takes tensors: its {} declares no input with format = \"image\"",
+                                 name, config.config_file.string()));
+  }
+  if (static_cast<int64_t>(images.size()) > config.max_batch_size) {
+    return fail(400, fmt::format("{} images, more than model '{}' takes at once (max_batch_size {})", images.size(),
+                                 name, config.max_batch_size));
+  }
+  at::Tensor input;
+  try {
+    input = decode_request_images(config, std::move(images));
+  } catch (const RequestError& e) {
+    return fail(e.status(), e.what());
+  }
+  auto encode = [model, top_k](const std::vector<at::Tensor>& outputs) {
+    return encode_image_response(model->config, outputs, top_k);
+  };
+  submit(*model, {input}, std::move(encode), std::move(reply));
+}
+
+void ModelService::submit(Model& model, std::vector<at::Tensor> inputs,
+                          std::function<Reply(const std::vector<at::Tensor>&)> encode, ReplyCallback reply) {
+  model.batcher->submit(std::move(inputs), [&model, encode = std::move(encode), reply](BatchResult result) {
     if (result.status != 200) {
-      model->metrics.request_failure += 1;
+      model.metrics.request_failure += 1;
       return reply(error_reply(result.status, result.error));
     }
     Reply encoded;
     try {
-      encoded = encode_infer_response(model->config, request, result.outputs);
+      encoded = encode(result.outputs);
     } catch (const std::exception& e) {
-      model->metrics.request_failure += 1;
-      return reply(error_reply(500, fmt::format("model '{}': {}", model->config.name, e.what())));
+      model.metrics.request_failure += 1;
+      return reply(error_reply(500, fmt::format("model '{}': {}", model.config.name, e.what())));
     }
-    model->metrics.request_success += 1;
+    (encoded.status == 200 ? model.metrics.request_success : model.metrics.request_failure) += 1;
     reply(std::move(encoded));
   });
 }

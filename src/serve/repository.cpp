@@ -1,13 +1,18 @@
 #include "afterburner/serve/repository.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
 #include <algorithm>
 #include <array>
+#include <fstream>
 #include <utility>
 
 #include "afterburner/core/error.h"
+#include "afterburner/data/image_transforms.h"
+#include "afterburner/infer/model_file.h"
 
 namespace afterburner::serve {
 namespace fs = std::filesystem;
@@ -33,8 +38,11 @@ class TableReader {
       : table_(table), file_(std::move(file)), prefix_(std::move(prefix)) {}
 
   [[noreturn]] void fail(std::string_view key, const std::string& problem) const {
-    throw UsageError(fmt::format("{}: {}{}", file_, prefix_, key), problem);
+    throw UsageError(key_name(key), problem);
   }
+
+  // "DIR/config.toml: input[0].mean"
+  std::string key_name(std::string_view key) const { return fmt::format("{}: {}{}", file_, prefix_, key); }
 
   void reject_unknown_keys(std::initializer_list<std::string_view> known) const {
     for (const auto& [key, node] : table_) {
@@ -60,12 +68,34 @@ class TableReader {
   }
 
   std::string string(std::string_view key) const {
+    if (!table_.get(key)) fail(key, "missing");
+    return *optional_string(key);
+  }
+
+  std::optional<std::string> optional_string(std::string_view key) const {
     const toml::node* node = table_.get(key);
-    if (!node) fail(key, "missing");
+    if (!node) return std::nullopt;
     auto value = node->value_exact<std::string>();
     if (!value || value->empty()) fail(key, "must be a non-empty string");
-    return *value;
+    return value;
   }
+
+  // An array of numbers (integers or floats).
+  std::optional<std::vector<double>> numbers(std::string_view key) const {
+    const toml::node* node = table_.get(key);
+    if (!node) return std::nullopt;
+    const toml::array* array = node->as_array();
+    if (!array || array->empty()) fail(key, "must be an array of numbers");
+    std::vector<double> values;
+    for (const auto& item : *array) {
+      auto value = item.value<double>();
+      if (!value || !(item.is_floating_point() || item.is_integer())) fail(key, "must be an array of numbers");
+      values.push_back(*value);
+    }
+    return values;
+  }
+
+  bool has(std::string_view key) const { return table_.get(key) != nullptr; }
 
   // An array of integers, each at least `min` (or -1 where `allow_any` says so).
   std::optional<std::vector<int64_t>> integers(std::string_view key, int64_t min, bool allow_any = false) const {
@@ -105,7 +135,8 @@ std::vector<TensorSpec> read_tensor_specs(const toml::table& config, std::string
   for (std::size_t i = 0; i < tables->size(); ++i) {
     TableReader reader(*tables->get(i)->as_table(), file, fmt::format("{}[{}].", key, i));
     if (inputs) {
-      reader.reject_unknown_keys({"name", "datatype", "dims", "allow_non_finite"});
+      reader.reject_unknown_keys(
+          {"name", "datatype", "dims", "allow_non_finite", "format", "transforms", "mean", "std", "classes_file"});
     } else {
       reader.reject_unknown_keys({"name", "datatype", "dims"});
     }
@@ -130,6 +161,101 @@ std::vector<TensorSpec> read_tensor_specs(const toml::table& config, std::string
     specs.push_back(std::move(spec));
   }
   return specs;
+}
+
+// The image input the model file's afterburner.json describes (`train --export`), else the
+// defaults: torchvision's Resize(S * 256 / 224) + CenterCrop(S), no normalisation, no names.
+ImageInput exported_image_input(const ModelConfig& config, const TensorSpec& spec, const TableReader& reader) {
+  const int64_t size = spec.dims[1];
+  ImageInput input{fmt::format("resize{},centre{}", size * 256 / 224, size), {}, {}, {}};
+  const std::string text = infer::read_model_metadata(config.model_file.string());
+  if (text.empty()) return input;
+  const nlohmann::json metadata = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const std::string where = fmt::format("{} ({})", config.model_file.string(), infer::kMetadataFile);
+  if (!metadata.is_object() || !metadata.contains("input")) throw DataError(where, "not the metadata train --export writes");
+  try {
+    const nlohmann::json& exported = metadata.at("input");
+    const auto shape = exported.at("shape").get<std::vector<int64_t>>();
+    if (shape != spec.dims) {
+      reader.fail("dims", fmt::format("[{}], but {} was trained on [{}] inputs", fmt::join(spec.dims, ", "),
+                                      config.model_file.string(), fmt::join(shape, ", ")));
+    }
+    input.transforms = exported.value("transforms", input.transforms);
+    input.mean = exported.at("mean").get<std::vector<double>>();
+    input.std = exported.at("std").get<std::vector<double>>();
+    input.classes = metadata.value("classes", std::vector<std::string>{});
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(where, std::string("not the metadata train --export writes: ") + e.what());
+  }
+  return input;
+}
+
+// One class name per line, blank lines ignored.
+std::vector<std::string> read_class_names(const fs::path& path, const TableReader& reader) {
+  std::ifstream in(path);
+  if (!in) reader.fail("classes_file", fmt::format("cannot read {}", path.string()));
+  std::vector<std::string> names;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) names.push_back(line);
+  }
+  if (names.empty()) reader.fail("classes_file", fmt::format("{} names no class", path.string()));
+  return names;
+}
+
+void check_image_input(const ImageInput& input, const ModelConfig& config, const TensorSpec& spec,
+                       const TableReader& reader) {
+  const int64_t channels = spec.dims[0];
+  data::parse_image_transforms(input.transforms, reader.key_name("transforms")).decode_options(false, spec.dims[1]);
+  for (const auto* values : {&input.mean, &input.std}) {
+    const char* key = values == &input.mean ? "mean" : "std";
+    if (values->size() != input.mean.size() || (values->size() > 1 && int64_t(values->size()) != channels)) {
+      reader.fail(key, fmt::format("{} means and {} stds for {} channels", input.mean.size(), input.std.size(), channels));
+    }
+  }
+  for (double spread : input.std) {
+    if (!(spread > 0)) reader.fail("std", fmt::format("{} is not positive", spread));
+  }
+  const int64_t outputs = config.outputs.front().dims.empty() ? -1 : config.outputs.front().dims.back();
+  if (!input.classes.empty() && outputs > 0 && outputs != int64_t(input.classes.size())) {
+    reader.fail("classes_file", fmt::format("{} class names for the {} scores of output '{}'", input.classes.size(),
+                                            outputs, config.outputs.front().name));
+  }
+}
+
+// The input that takes images, if the config declares one (format = "image").
+std::optional<ImageInput> read_image_input(const toml::table& table, const std::string& file,
+                                           const ModelConfig& config) {
+  const toml::array& tables = *table.get("input")->as_array();
+  std::optional<ImageInput> image;
+  for (std::size_t i = 0; i < tables.size(); ++i) {
+    TableReader reader(*tables.get(i)->as_table(), file, fmt::format("input[{}].", i));
+    const std::string format = reader.optional_string("format").value_or("tensor");
+    if (format != "tensor" && format != "image") reader.fail("format", "must be tensor or image, got " + format);
+    if (format == "tensor") {
+      for (const char* key : {"transforms", "mean", "std", "classes_file"}) {
+        if (reader.has(key)) reader.fail(key, "applies to an input with format = \"image\"");
+      }
+      continue;
+    }
+    const TensorSpec& spec = config.inputs[i];
+    if (tables.size() != 1) reader.fail("format", "an image input must be the model's only input");
+    if (spec.datatype != DataType::FP32) reader.fail("datatype", "an image input is FP32");
+    if (spec.dims.size() != 3 || (spec.dims[0] != 1 && spec.dims[0] != 3) || spec.dims[1] < 1 ||
+        spec.dims[1] != spec.dims[2]) {
+      reader.fail("dims", "an image input is [C, S, S] with C 1 or 3");
+    }
+    ImageInput input = exported_image_input(config, spec, reader);
+    input.transforms = reader.optional_string("transforms").value_or(input.transforms);
+    input.mean = reader.numbers("mean").value_or(input.mean);
+    input.std = reader.numbers("std").value_or(input.std);
+    if (auto names = reader.optional_string("classes_file")) {
+      input.classes = read_class_names(config.config_file.parent_path() / *names, reader);
+    }
+    check_image_input(input, config, spec, reader);
+    image = std::move(input);
+  }
+  return image;
 }
 
 }  // namespace
@@ -203,6 +329,7 @@ ModelConfig load_model_config(const fs::path& model_dir) {
   config.inputs = read_tensor_specs(table, "input", file);
   config.outputs = read_tensor_specs(table, "output", file);
   if (!fs::is_regular_file(config.model_file)) throw DataError(config.model_file.string(), "no such model file");
+  config.image = read_image_input(table, file, config);
   return config;
 }
 

@@ -505,9 +505,12 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
   const int64_t rank = p.rank = replicas ? replicas->rank() : 0;
   data::DatasetPtr evaluation = replicas ? shard_for_rank(*replicas, config, loader_options, data.evaluation)
                                          : data.evaluation;
-  if (data.block_local && !replicas) {  // ranks take DistributedSampler's shards of an exact shuffle
-    p.data.order = fmt::format("block-local shuffle: {} blocks of 4 MiB at a time, samples shuffled within",
-                               loader_options.block_window());
+  if (data.block_local) {
+    p.data.order = fmt::format("block-local shuffle: {} blocks of 4 MiB at a time, samples shuffled within{}",
+                               loader_options.block_window(),
+                               replicas ? fmt::format("; rank r of {} takes every {}th sample of it from the r-th",
+                                                      replicas->world_size(), replicas->world_size())
+                                        : "");
   }
   p.workers = static_cast<int>(config.workers);
   if (p.workers < 0) {
@@ -581,7 +584,7 @@ namespace {
 // classes its logits index, and the normalisation its training batches had.
 std::string export_metadata(const DataSummary& data) {
   const bool table = data.sample.size() == 1;
-  const nlohmann::json metadata = {
+  nlohmann::json metadata = {
       {"classes", data.classes},
       {"input",
        {{"shape", data.sample},
@@ -592,6 +595,12 @@ std::string export_metadata(const DataSummary& data) {
         {"normalisation", table ? "(value - mean[f]) / std[f] for each feature f"
                                 : "(pixel * scale - mean[c]) / std[c] for each channel c of uint8 pixels"}}},
       {"data", data.format}};
+  if (!table) {  // what turns an image into the evaluation set's: a served image (serve/image_input.h)
+    const int64_t size = data.sample.back();
+    metadata["input"]["transforms"] = data.evaluation_transforms.empty()
+                                          ? fmt::format("resize{},centre{}", size, size)
+                                          : data.evaluation_transforms;
+  }
   return metadata.dump(2);
 }
 

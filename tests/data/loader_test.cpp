@@ -246,6 +246,26 @@ TEST(Loader, BlockLocalShufflesByTheDatasetsBlocks) {
   EXPECT_TRUE(torch::equal(targets_of(collect(plain, 0)), targets_of(collect(full, 0))));
 }
 
+TEST(Loader, BlockLocalShardsAreEveryRanksShareOfOneBlockLocalOrder) {
+  const auto dataset = std::make_shared<BlockedImages>(95);  // 14 blocks, the last of 4 samples
+  const auto options = LoaderOptions().batch_size(8).drop_last(false).workers(1).seed(4).block_local(true).block_window(2);
+  Loader unsharded(dataset, options);
+  const torch::Tensor whole = targets_of(collect(unsharded, 3));
+  std::vector<torch::Tensor> shards;
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    Loader loader(dataset, LoaderOptions(options).shard(Shard().rank(rank).count(3)));
+    shards.push_back(targets_of(collect(loader, 3)));
+    EXPECT_EQ(shards.back().size(0), 32);  // 95 padded to 96 by the order's first sample
+    EXPECT_TRUE(torch::equal(shards.back(), shard_of(whole, Shard().rank(rank).count(3))));
+  }
+  const torch::Tensor together = torch::stack(shards, 1).flatten();  // position i of the order: rank i % 3
+  EXPECT_TRUE(torch::equal(together.slice(0, 0, 95), whole));
+  EXPECT_EQ(together[95].item<int64_t>(), whole[0].item<int64_t>());
+  // A window of 2 blocks (14 samples) at a time: the ranks' first 4 samples come from 2 blocks.
+  EXPECT_LE(std::get<0>(at::_unique(torch::cat({shards[0].slice(0, 0, 4), shards[1].slice(0, 0, 4)}).div(7, "floor"))).size(0),
+            2);
+}
+
 TEST(Loader, NoShuffleKeepsTheDatasetOrder) {
   Loader loader(numbered_images(30), LoaderOptions().batch_size(7).shuffle(false).drop_last(false));
   EXPECT_TRUE(torch::equal(targets_of(collect(loader, 4)), torch::arange(30)));

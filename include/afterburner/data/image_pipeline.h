@@ -58,8 +58,10 @@ struct DecodeOptions {
   TORCH_ARG(std::vector<double>, mean) = {};
   TORCH_ARG(std::vector<double>, std) = {};
   // Output channels: 3 (grayscale images repeated, as PIL's convert("RGB")) or 1 (colour images
-  // refused).
+  // refused, or with gray_from_colour made their luma as PIL's convert("L"): (19595 R + 38470 G +
+  // 7471 B + 32768) >> 16).
   TORCH_ARG(int64_t, channels) = 3;
+  TORCH_ARG(bool, gray_from_colour) = false;
   // Decode of a JPEG only the rows and blocks the box covers, at a reduced DCT scale where the box
   // allows (off: always whole, slower).
   TORCH_ARG(bool, reduced_decode) = true;

@@ -56,6 +56,24 @@ class ImageFiles : public ImageRecords {
   ImageFileList files_;
 };
 
+// Encoded images held in memory (a served request's JPEG or PNG bodies), unlabelled; `name` and
+// the image's number (from 1) name each in errors: "request image 2".
+class EncodedImages : public ImageRecords {
+ public:
+  EncodedImages(std::vector<std::string> images, std::string name);
+  int64_t size() const override { return static_cast<int64_t>(images_.size()); }
+  Record record(int64_t index, std::vector<char>& scratch) const override;
+  std::string source(int64_t index) const override;
+  const std::vector<int64_t>& labels() const override { return labels_; }
+  const std::vector<std::string>& classes() const override { return classes_; }
+
+ private:
+  std::vector<std::string> images_;
+  std::string name_;
+  std::vector<int64_t> labels_;  // zeros
+  std::vector<std::string> classes_;
+};
+
 // The stored size of a record (of an encoded one, from its header alone; raw ones are never
 // decoded in part).
 ImageSize record_size(const ImageRecords::Record& record, const std::string& source);

@@ -36,6 +36,9 @@ struct Shard {
 // The sample indices of `shard` in `epoch` (UsageError for a rank outside the count).
 torch::Tensor sharded_order(int64_t size, const Shard& shard, bool shuffle, uint64_t seed, int64_t epoch);
 
+// The shard's part of an epoch's `order` (int64 [N]), padded or cut as above.
+torch::Tensor shard_of(torch::Tensor order, const Shard& shard);
+
 // FFCV's quasi-random order for data larger than memory: the blocks (`blocks`: each sample's,
 // int64 [N]) in a random order, `window` of them at a time, the samples of a window shuffled
 // together. Every sample once; a function of `seed` alone.
@@ -57,7 +60,8 @@ struct LoaderOptions {
   // loader's own seeded order.
   TORCH_ARG(std::optional<Shard>, shard) = std::nullopt;
   // Shuffles a dataset with storage blocks (Dataset::storage_blocks) by block_local_order over
-  // windows of `block_window` blocks, instead of a full shuffle (not with a shard).
+  // windows of `block_window` blocks, instead of a full shuffle; with a shard, each rank takes
+  // its shard_of that order (the same on every rank).
   TORCH_ARG(bool, block_local) = false;
   TORCH_ARG(int64_t, block_window) = 16;
 };

@@ -7,8 +7,10 @@
 //   std::string text = models.metrics();
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,11 +51,16 @@ class ModelService : public Service {
   Reply model_ready(std::string_view model) const override;
   void infer(std::string_view model, std::string body, std::optional<std::size_t> json_length,
              ReplyCallback reply) override;
+  void infer_images(std::string_view model, std::vector<std::string> images, int64_t top_k,
+                    ReplyCallback reply) override;
   std::string metrics() const override;
 
  private:
   struct Model;
   Model* find(std::string_view name) const;
+  // The request's inputs to the model's batcher; answers with `encode` of the outputs.
+  void submit(Model& model, std::vector<at::Tensor> inputs,
+              std::function<Reply(const std::vector<at::Tensor>&)> encode, ReplyCallback reply);
 
   ModelServiceOptions options_;
   ThreadsGuard threads_;

@@ -3,6 +3,8 @@
 //   models/cnn/config.toml     max_batch_size = 64, max_queue_delay_us = 2000, [[input]] ...
 //   models/cnn/model.pt        torch.jit.save / models::export_torchscript
 //
+// An [[input]] with format = "image" takes JPEG or PNG bytes instead of a tensor (ImageInput).
+//
 //   auto repository = afterburner::serve::load_repository("models");
 //   for (const auto& model : repository.models) std::cout << model.name << "\n";
 #pragma once
@@ -32,6 +34,19 @@ struct TensorSpec {
   bool allow_non_finite = true;
 };
 
+// An input that takes encoded images (format = "image" on the model's one [[input]], FP32 of
+// dims [C, S, S], C 1 or 3): each JPEG or PNG decoded, resized and centre-cropped to S as
+// `transforms` says (data/image_transforms.h; a training list stands for its evaluation
+// counterpart), colour made gray for C = 1 (PIL's convert("L")), scaled to [0, 1] and normalised
+// per channel, as the model's evaluation inputs were; the answer names the top classes of the
+// first output. Keys the config leaves out come from the model file's afterburner.json (`train
+// --export`), else: Resize(S * 256 / 224) + CenterCrop(S), no normalisation, classes numbered.
+struct ImageInput {
+  std::string transforms;
+  std::vector<double> mean, std;     // of pixels in [0, 1], per channel (or one for all)
+  std::vector<std::string> classes;  // output index i names classes[i]; config: classes_file
+};
+
 struct ModelConfig {
   std::string name;                    // the model's directory name
   std::filesystem::path config_file;   // DIR/<name>/config.toml
@@ -47,6 +62,7 @@ struct ModelConfig {
   int64_t timeout_us = 10'000'000;     // a request still queued after this fails without running
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
+  std::optional<ImageInput> image;  // the input takes images
 
   int64_t queue_capacity() const;
 };

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -41,6 +42,11 @@ class Service {
   // (binary tensor extension): the JSON part is body[0, json_length), binary data follows.
   virtual void infer(std::string_view model, std::string body, std::optional<std::size_t> json_length,
                      ReplyCallback reply) = 0;
+  // POST /v2/models/{name}/infer with encoded images (an image/* body, or multipart/form-data
+  // parts) for a model with an image input (serve/image_input.h), answering each image's top_k
+  // classes. A service without image inputs answers 415.
+  virtual void infer_images(std::string_view model, std::vector<std::string> images, int64_t top_k,
+                            ReplyCallback reply);
   virtual std::string metrics() const = 0;  // GET /metrics, Prometheus text format
 };
 
