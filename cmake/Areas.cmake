@@ -1,7 +1,7 @@
 # afterburner_deps carries everything an area compiles and links against.
 add_library(afterburner_deps INTERFACE)
 target_include_directories(afterburner_deps INTERFACE
-  $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> ${DNNL_INCLUDE_DIR} ${IDEEP_INCLUDE_DIR} ${LIBZIP_INCLUDE_DIR}
+  $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:include> ${DNNL_INCLUDE_DIR} ${IDEEP_INCLUDE_DIR} ${LIBZIP_INCLUDE_DIR}
   ${JPEG_INCLUDE_DIR} ${TURBOJPEG_INCLUDE_DIR} ${SPNG_INCLUDE_DIR})
 target_link_libraries(afterburner_deps INTERFACE
   ${TORCH_LIBRARIES} ${DNNL_LIBRARY} OpenMP::OpenMP_CXX Threads::Threads ZLIB::ZLIB ${LIBZIP_LIBRARY} ${JPEG_LIBRARY} ${TURBOJPEG_LIBRARY}
@@ -9,7 +9,8 @@ target_link_libraries(afterburner_deps INTERFACE
   nlohmann_json::nlohmann_json fmt::fmt tomlplusplus::tomlplusplus simdjson::simdjson Boost::headers)
 # -Wno-psabi: the kernels pass GCC vectors by value only between always-inlined helpers compiled
 # per instruction set (kernels/simd.h), where the ABI note about such arguments never applies.
-target_compile_options(afterburner_deps INTERFACE -Wall -Wextra -Wno-unused-parameter -Wno-psabi)
+# Our warnings, not an installed package's users' (cmake/Install.cmake).
+target_compile_options(afterburner_deps INTERFACE $<BUILD_INTERFACE:-Wall -Wextra -Wno-unused-parameter -Wno-psabi>)
 
 # The torch headers dominate compile time: one precompiled header, reused by every area,
 # tool and test (they share compile flags).

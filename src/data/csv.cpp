@@ -190,6 +190,7 @@ bool first_label_is_text(const std::string& path, const CsvOptions& options) {
   split(lines.back(), options.delimiter(), cells);
   if (cells.size() < 2) return false;  // read_csv names the problem
   const size_t column = label_column_index(path, options, names, cells.size());
+  if (column >= cells.size()) return false;  // a row shorter than the header: read_csv names it
   int64_t label = 0;
   const std::string_view cell = cells[column];
   const auto [end, error] = std::from_chars(cell.data(), cell.data() + cell.size(), label);

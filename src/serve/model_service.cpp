@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <ATen/Parallel.h>
 #include <torch/script.h>
 
 #include <algorithm>
@@ -225,16 +226,21 @@ void ModelService::infer_images(std::string_view name, std::vector<std::string> 
     return fail(400, fmt::format("{} images, more than model '{}' takes at once (max_batch_size {})", images.size(),
                                  name, config.max_batch_size));
   }
-  at::Tensor input;
-  try {
-    input = decode_request_images(config, std::move(images));
-  } catch (const RequestError& e) {
-    return fail(e.status(), e.what());
-  }
-  auto encode = [model, top_k](const std::vector<at::Tensor>& outputs) {
-    return encode_image_response(model->config, outputs, top_k);
-  };
-  submit(*model, {input}, std::move(encode), std::move(reply));
+  // Decoding takes milliseconds an image: on LibTorch's inter-op pool, not on the io thread that
+  // serves every other connection meanwhile.
+  at::launch([this, model, images = std::move(images), top_k, reply = std::move(reply)]() mutable {
+    at::Tensor input;
+    try {
+      input = decode_request_images(model->config, std::move(images));
+    } catch (const RequestError& e) {
+      model->metrics.request_failure += 1;
+      return reply(error_reply(e.status(), e.what()));
+    }
+    auto encode = [model, top_k](const std::vector<at::Tensor>& outputs) {
+      return encode_image_response(model->config, outputs, top_k);
+    };
+    submit(*model, {input}, std::move(encode), std::move(reply));
+  });
 }
 
 void ModelService::submit(Model& model, std::vector<at::Tensor> inputs,

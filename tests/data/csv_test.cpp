@@ -163,6 +163,9 @@ TEST_F(ReadCsv, ATableOfTextLabelsHasAHeaderOnlyWhereItNamesNumberColumns) {
   EXPECT_TRUE(torch::equal(everything(table.dataset).input, torch::tensor({5.1f, 1.4f, 7.0f, 4.7f, 6.3f, 6.0f}).view({3, 2})));
   const LabelledDataset numbered = load_csv_table(write("a,b,label\n1,2,1\n3,4,0\n"));
   EXPECT_EQ(numbered.classes, (std::vector<std::string>{"0", "1"}));  // integer labels stay class indices
+  // A first row shorter than the header (the label column beyond it) is the ragged row it is.
+  const std::string ragged = write("x,y,z,label\n1,2\n");
+  EXPECT_TRUE(Contains(error_message<DataError>([&] { load_csv_table(ragged); }), ragged + ":2: expected 4 fields, got 2"));
 }
 
 }  // namespace

@@ -97,7 +97,8 @@ TEST(ImageTransforms, ABadListIsOneLineNamingTheOptionAndTheItem) {
       {"crop224:3", "takes no ':' parameter"},
       {"rrc224,,flip", "an empty item"}};
   for (const auto& [list, problem] : bad) {
-    const std::string message = error_message<UsageError>([&] { parse_image_transforms(list, "--transforms"); });
+    const std::string given = list;  // clang 14 lambdas cannot capture structured bindings
+    const std::string message = error_message<UsageError>([&] { parse_image_transforms(given, "--transforms"); });
     EXPECT_TRUE(Contains(message, "--transforms")) << message;
     EXPECT_TRUE(Contains(message, problem)) << list << ": " << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;

@@ -129,9 +129,10 @@ TEST(ImageInput, MultipartBodiesSplitIntoTheirPartsBytesAsSent) {
            {"--b\r\n\r\nunterminated", "multipart/form-data; boundary=b", "part 1 is not terminated"},
            {"--bX", "multipart/form-data; boundary=b", "not followed by CRLF"},
            {"--b--\r\n", "multipart/form-data; boundary=b", "no part"}}) {
+    const std::string body = text, content_type = type;  // clang 14 lambdas cannot capture structured bindings
     const RequestError error = [&] {
       try {
-        multipart_parts(text, type);
+        multipart_parts(body, content_type);
       } catch (const RequestError& e) {
         return e;
       }
