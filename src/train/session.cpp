@@ -491,7 +491,6 @@ TrainingSession::TrainingSession(const TrainConfig& config, const TrainingData& 
     fmt::print(stderr, "afterburner: this C library cannot keep freed memory; --keep-freed-memory has no effect\n");
   }
 
-
   torch::manual_seed(config.seed);
   LossFunction loss = config.fuse ? LossFunction(kernels::cross_entropy) : plain_cross_entropy();
   Model trained = is_model_file(config.model) ? p.user_model(config, data, parallel)
