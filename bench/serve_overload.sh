@@ -12,30 +12,9 @@ duration=${2:-15}
 shift $(( $# >= 2 ? 2 : $# ))
 io_threads=("${@:-1}")
 cli=$build/afterburner
-work=$(mktemp -d)
-server_pid=
-cleanup() {
-  if [[ -n $server_pid ]]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/serve_common.sh"
 
-mkdir -p "$work/models/cnn"
-"$cli" train --model cnn --max-steps 20 --epochs 1 --progress none --export "$work/models/cnn/model.pt" >/dev/null
-cat > "$work/models/cnn/config.toml" <<'TOML'
-max_batch_size = 64
-max_queue_delay_us = 2000
-preferred_batch_sizes = [16, 32, 64]
-max_queue_size = 128
-[[input]]
-name = "input"
-datatype = "FP32"
-dims = [1, 28, 28]
-[[output]]
-name = "output"
-datatype = "FP32"
-dims = [10]
-TOML
+write_cnn_repository "" "max_queue_size = 128"
 /usr/bin/python3 -c '
 import json, sys
 json.dump({"inputs": [{"name": "input", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": [0.1] * 784}]},
@@ -49,20 +28,12 @@ file:close()
 LUA
 
 for threads in "${io_threads[@]}"; do
-  "$cli" serve --repo "$work/models" --port 0 --io-threads "$threads" >"$work/serve.log" 2>&1 &
-  server_pid=$!
-  url=
-  for _ in $(seq 600); do
-    url=$(grep -o 'http://127.0.0.1:[0-9]*' "$work/serve.log" || true)
-    [[ -n $url ]] && break
-    kill -0 "$server_pid" 2>/dev/null || { cat "$work/serve.log"; exit 1; }
-    sleep 0.1
-  done
+  start_server --io-threads "$threads"
   for connections in 64 1000; do
     echo "== --io-threads $threads, $connections connections, ${duration} s"
     wrk -t2 -c"$connections" -d"${duration}s" --timeout 2s --latency -s "$work/post.lua" "$url/v2/models/cnn/infer" |
       grep -E 'Latency  |50%|99%|requests in|Requests/sec|Non-2xx|Socket errors'
   done
   echo "server peak RSS: $(grep VmHWM /proc/"$server_pid"/status | awk '{print $2 / 1024 " MiB"}')"
-  kill -TERM "$server_pid"; wait "$server_pid" || true; server_pid=
+  stop_server
 done
