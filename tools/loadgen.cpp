@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -25,6 +27,8 @@ struct LoadgenArgs {
   double rate = 0;
   std::string input;
   std::uint64_t seed = 1;
+  double timeout = 10;
+  int threads = 1;
   bool json = false;
 };
 
@@ -38,6 +42,7 @@ std::string request_body(const LoadgenArgs& args, const serve::Endpoint& server)
 std::string statuses_text(const serve::LoadResult& result) {
   std::string text;
   for (auto [status, count] : result.statuses) text += fmt::format(" {}={}", status, count);
+  if (result.timeouts > 0) text += fmt::format(" timeouts={}", result.timeouts);
   if (result.connection_errors > 0) text += fmt::format(" connection_errors={}", result.connection_errors);
   return text;
 }
@@ -48,7 +53,10 @@ nlohmann::json result_json(const serve::LoadResult& result) {
   return {{"concurrency", result.concurrency}, {"rate", result.rate}, {"seconds", result.seconds},
           {"requests", result.requests}, {"requests_per_second", result.requests_per_second},
           {"p50_ms", result.latency.p50_ms}, {"p90_ms", result.latency.p90_ms}, {"p99_ms", result.latency.p99_ms},
-          {"max_ms", result.latency.max_ms}, {"statuses", statuses}, {"connection_errors", result.connection_errors}};
+          {"max_ms", result.latency.max_ms}, {"accepted", result.accepted},
+          {"accepted_per_second", result.accepted_per_second}, {"accepted_p50_ms", result.accepted_latency.p50_ms},
+          {"accepted_p99_ms", result.accepted_latency.p99_ms}, {"statuses", statuses}, {"timeouts", result.timeouts},
+          {"connection_errors", result.connection_errors}};
 }
 
 int loadgen(const LoadgenArgs& args) {
@@ -57,8 +65,9 @@ int loadgen(const LoadgenArgs& args) {
   const std::string target = "/v2/models/" + args.model + "/infer";
   nlohmann::json report = nlohmann::json::array();
   if (!args.json) {
-    std::cout << fmt::format("{:>11} {:>8} {:>9} {:>10} {:>8} {:>8} {:>8} {:>8}  statuses\n", "concurrency", "rate",
-                             "requests", "req/s", "p50 ms", "p90 ms", "p99 ms", "max ms");
+    std::cout << fmt::format("{:>11} {:>8} {:>9} {:>10} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9} {:>9}  statuses\n",
+                             "concurrency", "rate", "requests", "req/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "2xx/s",
+                             "2xx p50", "2xx p99");
   }
   for (int concurrency : args.concurrency) {
     serve::LoadResult result = serve::run_load(serve::LoadOptions(server)
@@ -67,15 +76,18 @@ int loadgen(const LoadgenArgs& args) {
                                                    .concurrency(concurrency)
                                                    .duration_seconds(args.duration)
                                                    .rate(args.rate)
-                                                   .seed(args.seed));
+                                                   .seed(args.seed)
+                                                   .timeout(std::chrono::milliseconds(std::lround(args.timeout * 1000)))
+                                                   .threads(args.threads));
     if (args.json) {
       report.push_back(result_json(result));
       continue;
     }
-    std::cout << fmt::format("{:>11} {:>8} {:>9} {:>10.0f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {}\n", concurrency,
-                             args.rate > 0 ? fmt::format("{:.0f}", args.rate) : "closed", result.requests,
+    std::cout << fmt::format("{:>11} {:>8} {:>9} {:>10.0f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>10.0f} {:>9.2f} {:>9.2f} {}\n",
+                             concurrency, args.rate > 0 ? fmt::format("{:.0f}", args.rate) : "closed", result.requests,
                              result.requests_per_second, result.latency.p50_ms, result.latency.p90_ms,
-                             result.latency.p99_ms, result.latency.max_ms, statuses_text(result))
+                             result.latency.p99_ms, result.latency.max_ms, result.accepted_per_second,
+                             result.accepted_latency.p50_ms, result.accepted_latency.p99_ms, statuses_text(result))
               << std::flush;
   }
   if (args.json) std::cout << report.dump(2) << "\n";
@@ -94,6 +106,9 @@ Command add_loadgen_command(CLI::App& app) {
   sub->add_option("--rate", args->rate, "requests/s of a Poisson open loop (default: closed loop)");
   sub->add_option("--input", args->input, "request body file (default: one random sample from the model's metadata)");
   sub->add_option("--seed", args->seed, "seed of the random sample and the arrivals")->capture_default_str();
+  sub->add_option("--timeout", args->timeout, "seconds after which an unanswered request is a timeout")
+      ->capture_default_str();
+  sub->add_option("--threads", args->threads, "client threads sharing the connections")->capture_default_str();
   sub->add_flag("--json", args->json, "print the results as JSON");
   return {sub, [args] { return loadgen(*args); }};
 }

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "afterburner/core/error.h"
+#include "afterburner/core/file_limit.h"
 #include "afterburner/core/heap.h"
 #include "afterburner/core/signals.h"
 #include "afterburner/serve/http_server.h"
@@ -93,6 +94,18 @@ std::chrono::milliseconds milliseconds(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
+// Each connection is a file descriptor; beyond the limit, connections wait unaccepted.
+void warn_if_too_few_file_descriptors(std::size_t max_connections) {
+  constexpr std::size_t kOtherFiles = 64;  // models, libraries, the listener
+  const std::uint64_t wanted = max_connections + kOtherFiles;
+  const std::uint64_t limit = raise_open_file_limit(wanted);
+  if (limit < wanted) {
+    std::cerr << "afterburner: warning: --max-connections " << max_connections << " needs " << wanted
+              << " open files, the limit is " << limit << " (ulimit -n): connections beyond it wait to be accepted"
+              << std::endl;
+  }
+}
+
 int serve(const ServeArgs& args) {
   StopSignals stop_signals;  // before loading, so that a signal during it is not fatal
   // Each batch's activations would otherwise be fresh, zero-filled mappings (core/heap.h).
@@ -110,6 +123,7 @@ int serve(const ServeArgs& args) {
                                        .idle_timeout(milliseconds(args.idle_timeout))
                                        .max_connections(args.max_connections)
                                        .max_pending_body_bytes(args.max_pending_body_bytes));
+  warn_if_too_few_file_descriptors(args.max_connections);
   StopServerOnSignal stop_on_signal(stop_signals, server);
   std::cout << "afterburner: serving " << args.repo << " on http://" << args.host << ":" << server.port() << std::endl;
   server.run();

@@ -45,6 +45,15 @@ BlasInfo detect_blas() {
   return {"unknown", "", false};
 }
 
+int blas_threads() {
+  auto* get = reinterpret_cast<int (*)()>(symbol("openblas_get_num_threads"));
+  return get ? get() : 0;
+}
+
+void set_blas_threads(int n) {
+  if (auto* set = reinterpret_cast<void (*)(int)>(symbol("openblas_set_num_threads"))) set(n);
+}
+
 std::string blas_warning(const BlasInfo& info) {
   return "warning: the reference BLAS (" + info.detail +
          ") is loaded: matrix products run ~50x slower; install libopenblas0-pthread "

@@ -1,5 +1,7 @@
 #include "afterburner/core/threads.h"
 
+#include "afterburner/core/blas.h"
+
 #include <ATen/Parallel.h>
 #include <sched.h>
 
@@ -13,10 +15,15 @@ int available_cores() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-ThreadsGuard::ThreadsGuard(int n) : previous_(at::get_num_threads()) {
-  if (n > 0) at::set_num_threads(n);
+ThreadsGuard::ThreadsGuard(int n) : previous_(at::get_num_threads()), previous_blas_(blas_threads()) {
+  if (n <= 0) return;
+  at::set_num_threads(n);
+  set_blas_threads(n);
 }
 
-ThreadsGuard::~ThreadsGuard() { at::set_num_threads(previous_); }
+ThreadsGuard::~ThreadsGuard() {
+  at::set_num_threads(previous_);
+  if (previous_blas_ > 0) set_blas_threads(previous_blas_);
+}
 
 }  // namespace afterburner

@@ -71,18 +71,28 @@ void Batcher::submit(std::vector<at::Tensor> inputs, BatchCallback done) {
     return;
   }
   std::unique_lock<std::mutex> lock(mutex_);
-  if (stopping_ || static_cast<int64_t>(queue_.size()) >= config_.queue_capacity()) {
-    std::string error = stopping_ ? fmt::format("model '{}' is shutting down", config_.name)
-                                  : fmt::format("model '{}': queue full ({} requests)", config_.name,
-                                                config_.queue_capacity());
+  if (std::optional<std::string> refused = refusal_locked()) {
     lock.unlock();
-    done({503, std::move(error), {}});
+    done({503, std::move(*refused), {}});
     return;
   }
   queue_.push_back({std::move(inputs), samples, Clock::now(), std::move(done)});
   metrics_.pending_requests += 1;
   lock.unlock();
   changed_.notify_all();
+}
+
+std::optional<std::string> Batcher::refusal() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return refusal_locked();
+}
+
+std::optional<std::string> Batcher::refusal_locked() const {
+  if (stopping_) return fmt::format("model '{}' is shutting down", config_.name);
+  if (static_cast<int64_t>(queue_.size()) >= config_.queue_capacity()) {
+    return fmt::format("model '{}': queue full ({} requests)", config_.name, config_.queue_capacity());
+  }
+  return std::nullopt;
 }
 
 bool Batcher::ready() const {

@@ -4,9 +4,12 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <utility>
 #include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <map>
 #include <mutex>
@@ -28,6 +31,7 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = net::ip::tcp;
 using Request = http::request<http::string_body>;
+using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kReadChunk = 16 << 10;
 // How long a closing connection may keep sending what we will not read: closing a socket with
@@ -114,6 +118,7 @@ class Server {
  private:
   void accept();
   void on_accept(beast::error_code error, tcp::socket socket);
+  void admit(tcp::socket socket);
   void begin_stop();
 
   Service& service_;
@@ -342,9 +347,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // The service may answer from any thread, and must answer exactly once; a second answer (say
   // an exception after the reply) is dropped. Until it answers, the io_context keeps running.
-  // Answering hands the session and the io_context's work to the posted write: copies of the
-  // callback the service drops later (its batcher's thread, after the server may be gone) hold
-  // neither.
+  // The answering thread sends the response itself when the socket takes it at once (the usual
+  // case): posted to the io thread, it would wait behind every connection's reads, which under
+  // load is most of a request's latency. The rest (counting, the next request, a response the
+  // socket could not take whole) continues on the session's strand. While a session awaits its
+  // answer nothing else uses its socket: no read or write is pending, and its deadline is off.
+  // Answering hands the session and the io_context's work to the posted continuation: copies of
+  // the callback the service drops later (its batcher's thread, after the server may be gone)
+  // hold neither.
   ReplyCallback reply_callback() {
     struct Pending {
       Pending(std::shared_ptr<Session> owner, net::io_context& io)
@@ -362,32 +372,71 @@ class Session : public std::enable_shared_from_this<Session> {
         // an executor's destructor locks (AddressSanitizer caught that order, a use after free).
         std::shared_ptr<Session> session = std::move(pending->session);
         const auto executor = session->socket_.get_executor();
-        net::post(executor, [session = std::move(session), reply = std::move(reply)]() mutable {
-          session->write(std::move(reply));
+        Outgoing out = session->serialize(std::move(reply));
+        out.sent = send_now(session->socket_.native_handle(), out.text);
+        net::post(executor, [session = std::move(session), out = std::move(out)]() mutable {
+          session->finish_write(std::move(out));
         });
       }
-      pending->work.reset();  // the posted write keeps the io_context running until it runs
+      pending->work.reset();  // the posted continuation keeps the io_context running until it runs
     };
   }
 
-  void write(Reply reply) {
+  // A response as bytes, and how many of them are already sent (-1: the socket failed).
+  struct Outgoing {
+    int status = 0;
+    bool keep_alive = false;
+    std::string text;
+    std::ptrdiff_t sent = 0;
+  };
+
+  // Reads only what is fixed while the request is answered (keep_alive_) and atomics.
+  Outgoing serialize(Reply reply) const {
+    Outgoing out;
+    out.status = reply.status;
+    out.keep_alive = keep_alive_ && !server_.stopping();
+    const auto status = static_cast<http::status>(reply.status);
+    out.text.reserve(128 + reply.body.size());
+    out.text.append("HTTP/1.1 ").append(std::to_string(reply.status)).append(" ");
+    out.text.append(view(http::obsolete_reason(status))).append("\r\nContent-Type: ").append(reply.content_type);
+    for (const auto& [name, value] : reply.headers) out.text.append("\r\n").append(name).append(": ").append(value);
+    out.text.append("\r\nContent-Length: ").append(std::to_string(reply.body.size()));
+    if (!out.keep_alive) out.text.append("\r\nConnection: close");
+    out.text.append("\r\n\r\n").append(reply.body);
+    return out;
+  }
+
+  // What a non-blocking send takes now: all of `text`, part, nothing (0), or -1 on error.
+  static std::ptrdiff_t send_now(int fd, const std::string& text) {
+    for (;;) {
+      const ssize_t sent = ::send(fd, text.data(), text.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (sent >= 0) return sent;
+      if (errno == EINTR) continue;
+      return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+    }
+  }
+
+  void write(Reply reply) { finish_write(serialize(std::move(reply))); }
+
+  // On the strand: sends what is left of `out`, then the next request (or the close).
+  void finish_write(Outgoing out) {
     if (state_ == State::closed) return;
     state_ = State::writing;
-    server_.count_response(reply.status);
-    response_ = {};
-    response_.version(11);
-    response_.result(static_cast<unsigned>(reply.status));
-    response_.set(http::field::content_type, reply.content_type);
-    for (auto& [name, value] : reply.headers) response_.set(name, value);
-    response_.body() = std::move(reply.body);
-    response_.keep_alive(keep_alive_ && !server_.stopping());
-    response_.prepare_payload();
+    server_.count_response(out.status);
+    if (out.sent < 0) return close();
+    outgoing_ = std::move(out);
+    if (static_cast<std::size_t>(outgoing_.sent) == outgoing_.text.size()) return after_write();
     arm_deadline(server_.options().read_timeout());
-    http::async_write(socket_, response_, [self = shared_from_this()](beast::error_code error, std::size_t) {
+    const auto rest = net::buffer(outgoing_.text) + static_cast<std::size_t>(outgoing_.sent);
+    net::async_write(socket_, rest, [self = shared_from_this()](beast::error_code error, std::size_t) {
       if (error) return self->close();
-      if (!self->response_.keep_alive()) return self->linger_close();
-      self->await_request();
+      self->after_write();
     });
+  }
+
+  void after_write() {
+    if (!outgoing_.keep_alive) return linger_close();
+    await_request();
   }
 
   void linger_close() {
@@ -410,39 +459,61 @@ class Session : public std::enable_shared_from_this<Session> {
     if (state_ == State::closed) return;
     state_ = State::closed;
     disarm_deadline();
+    timer_.cancel();  // its pending wait holds the session
     beast::error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
   }
 
-  // Cancelling (not closing) the socket on expiry leaves it open for a 408.
+  // One timer per connection, moved only when it fires or a deadline comes sooner than it: a
+  // keep-alive connection's requests each set a deadline without cancelling and restarting a
+  // timer (a cancelled wait is a handler of its own). The timer never runs more than the
+  // shortest timeout ahead, so the deadlines of a request (later than that) never move it.
   void arm_deadline(std::chrono::milliseconds timeout) {
     timed_out_ = false;
-    deadline_.expires_after(timeout);
-    deadline_.async_wait([self = shared_from_this(), generation = ++deadline_generation_](beast::error_code error) {
-      if (error || generation != self->deadline_generation_) return;
-      self->timed_out_ = true;
-      beast::error_code ignored;
-      self->socket_.cancel(ignored);
+    const Clock::time_point now = Clock::now();
+    deadline_ = now + timeout;
+    if (!timer_waiting_ || deadline_ < timer_.expiry()) start_timer(std::min(deadline_, now + shortest_timeout()));
+  }
+
+  void disarm_deadline() { deadline_ = Clock::time_point::max(); }
+
+  void start_timer(Clock::time_point at) {
+    timer_waiting_ = true;
+    timer_.expires_at(at);  // a wait already pending completes as cancelled
+    timer_.async_wait([self = shared_from_this()](beast::error_code error) {
+      if (error) return;
+      self->timer_waiting_ = false;
+      self->on_timer();
     });
   }
 
-  void disarm_deadline() {
-    ++deadline_generation_;
-    deadline_.cancel();
+  // Cancelling (not closing) the socket on expiry leaves it open for a 408.
+  void on_timer() {
+    if (state_ == State::closed || deadline_ == Clock::time_point::max()) return;
+    const Clock::time_point now = Clock::now();
+    if (now < deadline_) return start_timer(std::min(deadline_, now + shortest_timeout()));
+    timed_out_ = true;
+    beast::error_code ignored;
+    socket_.cancel(ignored);
+  }
+
+  std::chrono::milliseconds shortest_timeout() const {
+    return std::min(server_.options().read_timeout(), server_.options().idle_timeout());
   }
 
   Server& server_;
   tcp::socket socket_;
-  net::steady_timer deadline_{socket_.get_executor()};
-  unsigned deadline_generation_ = 0;
+  net::steady_timer timer_{socket_.get_executor()};
+  bool timer_waiting_ = false;
+  Clock::time_point deadline_ = Clock::time_point::max();  // max: none
   bool timed_out_ = false;
   State state_ = State::idle;
   bool keep_alive_ = true;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::size_t reserved_body_ = 0;  // of the server's body budget, for the request being handled
-  http::response<http::string_body> response_;
+  Outgoing outgoing_;  // the response being written
 };
 
 Server::Server(Service& service, HttpOptions options)
@@ -463,6 +534,7 @@ Server::Server(Service& service, HttpOptions options)
   if (!error) acceptor_.set_option(net::socket_base::reuse_address(true), error);
   if (!error) acceptor_.bind(endpoint, error);
   if (!error) acceptor_.listen(net::socket_base::max_listen_connections, error);
+  if (!error) acceptor_.non_blocking(true, error);
   if (error) throw Error(where + ": cannot listen: " + error.message());
   port_ = acceptor_.local_endpoint().port();
 }
@@ -501,16 +573,24 @@ void Server::accept() {
   });
 }
 
+// Takes every connection already waiting, not one per turn of the io loop: behind a thousand busy
+// connections a turn is long, and connections accepted one a turn would wait seconds for it.
 void Server::on_accept(beast::error_code error, tcp::socket socket) {
   if (stopping_) return;
-  if (error) {
-    // Out of file descriptors, say: pause rather than spin on an accept that fails at once.
-    accept_retry_.expires_after(std::chrono::milliseconds(50));
-    accept_retry_.async_wait([this](beast::error_code wait_error) {
-      if (!wait_error) accept();
-    });
-    return;
+  while (!error) {
+    admit(std::move(socket));
+    socket = tcp::socket(net::make_strand(io_));
+    acceptor_.accept(socket, error);  // non-blocking: would_block once the backlog is empty
   }
+  if (error == net::error::would_block || error == net::error::try_again) return accept();
+  // Out of file descriptors, say: pause rather than spin on an accept that fails at once.
+  accept_retry_.expires_after(std::chrono::milliseconds(50));
+  accept_retry_.async_wait([this](beast::error_code wait_error) {
+    if (!wait_error) accept();
+  });
+}
+
+void Server::admit(tcp::socket socket) {
   beast::error_code ignored;
   socket.set_option(tcp::no_delay(true), ignored);
   auto session = std::make_shared<Session>(*this, std::move(socket));
@@ -525,7 +605,6 @@ void Server::on_accept(beast::error_code error, tcp::socket socket) {
   } else {
     session->reject();
   }
-  accept();
 }
 
 bool Server::reserve_body(std::size_t bytes) {

@@ -9,10 +9,12 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include "afterburner/core/error.h"
 
@@ -25,8 +27,8 @@ namespace http = beast::http;
 using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
-// Answers still owed this long after the last send count as connection errors.
-constexpr std::chrono::seconds kDrainTimeout{10};
+// Past the last arrival, answers are awaited for the timeout and this much more.
+constexpr std::chrono::seconds kDrainMargin{1};
 constexpr std::chrono::milliseconds kReconnectPause{10};
 
 std::string url_of(const Endpoint& server) { return "http://" + server.host + ":" + std::to_string(server.port); }
@@ -47,40 +49,67 @@ double milliseconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
-// One run: every connection on the calling thread's io_context, one request outstanding each.
+Clock::duration seconds(double value) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(value));
+}
+
+// What one client thread saw; the threads' samples are merged into one LoadResult.
+struct RunSamples {
+  double seconds = 0;  // from the first send to the last answer
+  std::vector<double> latencies_ms, accepted_ms;
+  std::map<int, std::uint64_t> statuses;
+  std::uint64_t timeouts = 0, connection_errors = 0;
+};
+
+// One client thread: its connections on its own io_context, one request outstanding each.
 class LoadRun {
  public:
-  explicit LoadRun(const LoadOptions& options)
-      : options_(options), request_(request_text(options)), arrival_timer_(io_) {
-    if (options.concurrency() < 1) throw UsageError("--concurrency", "must be at least 1");
-    if (options.duration_seconds() <= 0) throw UsageError("--duration", "must be positive");
-    if (options.rate() < 0) throw UsageError("--rate", "must not be negative");
-    if (open_loop()) arrivals_ = poisson_arrivals(options.rate(), options.duration_seconds(), options.seed());
-    for (int i = 0; i < options.concurrency(); ++i) connections_.push_back(std::make_unique<Connection>(io_));
+  explicit LoadRun(LoadOptions options) : options_(std::move(options)), request_(request_text(options_)), arrival_timer_(io_) {
+    if (open_loop()) arrivals_ = poisson_arrivals(options_.rate(), options_.duration_seconds(), options_.seed());
+    for (int i = 0; i < options_.concurrency(); ++i) connections_.push_back(std::make_unique<Connection>(io_));
   }
 
-  LoadResult run() {
+  RunSamples run() {
+    connect_all();
     start_ = last_answer_ = Clock::now();
-    deadline_ = start_ + std::chrono::duration_cast<Clock::duration>(
-                             std::chrono::duration<double>(options_.duration_seconds()));
+    deadline_ = start_ + seconds(options_.duration_seconds());
     for (auto& connection : connections_) next_request(*connection);
     if (open_loop()) schedule_arrivals();
-    io_.run_until(deadline_ + kDrainTimeout);
-    connection_errors_ += outstanding_;  // never answered
-    return result();
+    io_.run_until(deadline_ + options_.timeout() + kDrainMargin);
+    samples_.timeouts += outstanding_ + due_.size();  // never answered, or never sent
+    samples_.seconds = std::max(milliseconds_between(start_, last_answer_) / 1000, options_.duration_seconds());
+    return std::move(samples_);
   }
 
  private:
   struct Connection {
-    explicit Connection(net::io_context& io) : socket(io), retry(io) {}
+    explicit Connection(net::io_context& io) : socket(io), retry(io), deadline(io) {}
     tcp::socket socket;
     net::steady_timer retry;
+    net::steady_timer deadline;  // the request's timeout
     beast::flat_buffer buffer;
     std::optional<http::response_parser<http::string_body>> parser;
     Clock::time_point started;  // when the request was due: the send time, or its arrival in open loop
+    std::uint64_t sequence = 0;  // of the request in flight, so that a stale deadline is ignored
+    bool in_flight = false;
+    bool timed_out = false;  // closed by its deadline: its pending operation's error is a timeout
   };
 
   bool open_loop() const { return options_.rate() > 0; }
+
+  // Every connection is opened before the clock starts, so that the load really holds them all
+  // (in open loop, too: the arrivals go round them in turn) and no latency counts a handshake.
+  // One that fails is tried again at its first request.
+  void connect_all() {
+    for (auto& connection : connections_) {
+      connection->socket.async_connect(endpoint_of(options_.server()), [&connection = *connection](beast::error_code error) {
+        if (error) return close(connection);
+        connection.socket.set_option(tcp::no_delay(true), error);
+      });
+    }
+    io_.run();
+    io_.restart();
+  }
 
   void next_request(Connection& connection) {
     if (!open_loop()) {
@@ -100,8 +129,8 @@ class LoadRun {
       due_.push_back(arrival_time(next_arrival_++));
     }
     while (!idle_.empty() && !due_.empty()) {
-      Connection* connection = idle_.back();
-      idle_.pop_back();
+      Connection* connection = idle_.front();
+      idle_.pop_front();
       next_request(*connection);
     }
     if (next_arrival_ == arrivals_.size()) return;
@@ -111,18 +140,28 @@ class LoadRun {
     });
   }
 
-  Clock::time_point arrival_time(std::size_t index) const {
-    return start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals_[index]));
-  }
+  Clock::time_point arrival_time(std::size_t index) const { return start_ + seconds(arrivals_[index]); }
 
   void send(Connection& connection, Clock::time_point started) {
     connection.started = started;
+    connection.in_flight = true;
     ++outstanding_;
+    arm_deadline(connection);
     if (connection.socket.is_open()) return write(connection);
     connection.socket.async_connect(endpoint_of(options_.server()), [this, &connection](beast::error_code error) {
-      if (error) return fail_to_connect(connection);
+      if (error) return connection.timed_out ? time_out(connection) : fail_to_connect(connection);
       connection.socket.set_option(tcp::no_delay(true), error);
       write(connection);
+    });
+  }
+
+  void arm_deadline(Connection& connection) {
+    connection.deadline.expires_at(connection.started + options_.timeout());
+    connection.deadline.async_wait([&connection, sequence = ++connection.sequence](beast::error_code error) {
+      if (error || !connection.in_flight || sequence != connection.sequence) return;
+      connection.timed_out = true;
+      beast::error_code ignored;
+      connection.socket.close(ignored);  // its pending operation completes with an error
     });
   }
 
@@ -143,26 +182,43 @@ class LoadRun {
                      });
   }
 
-  void answered(Connection& connection) {
+  void finish(Connection& connection) {
     --outstanding_;
+    connection.in_flight = false;
+    connection.deadline.cancel();
+  }
+
+  void answered(Connection& connection) {
+    finish(connection);
     last_answer_ = Clock::now();
-    latencies_ms_.push_back(milliseconds_between(connection.started, last_answer_));
-    ++statuses_[static_cast<int>(connection.parser->get().result_int())];
+    const double latency_ms = milliseconds_between(connection.started, last_answer_);
+    const int status = static_cast<int>(connection.parser->get().result_int());
+    samples_.latencies_ms.push_back(latency_ms);
+    if (status / 100 == 2) samples_.accepted_ms.push_back(latency_ms);
+    ++samples_.statuses[status];
     if (!connection.parser->keep_alive()) close(connection);
     next_request(connection);
   }
 
   void fail(Connection& connection) {
-    --outstanding_;
-    ++connection_errors_;
+    if (connection.timed_out) return time_out(connection);
+    finish(connection);
+    ++samples_.connection_errors;
+    close(connection);
+    next_request(connection);
+  }
+
+  void time_out(Connection& connection) {
+    finish(connection);
+    ++samples_.timeouts;
     close(connection);
     next_request(connection);
   }
 
   // A server that refuses connections would otherwise be retried in a tight loop.
   void fail_to_connect(Connection& connection) {
-    --outstanding_;
-    ++connection_errors_;
+    finish(connection);
+    ++samples_.connection_errors;
     close(connection);
     connection.retry.expires_after(kReconnectPause);
     connection.retry.async_wait([this, &connection](beast::error_code) { next_request(connection); });
@@ -172,22 +228,10 @@ class LoadRun {
     beast::error_code ignored;
     connection.socket.close(ignored);
     connection.buffer.clear();
+    connection.timed_out = false;
   }
 
-  LoadResult result() {
-    LoadResult result;
-    result.concurrency = options_.concurrency();
-    result.rate = options_.rate();
-    result.seconds = std::max(milliseconds_between(start_, last_answer_) / 1000, options_.duration_seconds());
-    result.requests = latencies_ms_.size();
-    result.requests_per_second = static_cast<double>(result.requests) / result.seconds;
-    result.latency = summarize_latencies(std::move(latencies_ms_));
-    result.statuses = statuses_;
-    result.connection_errors = connection_errors_;
-    return result;
-  }
-
-  const LoadOptions& options_;
+  const LoadOptions options_;
   const std::string request_;
   net::io_context io_{1};
   std::vector<std::unique_ptr<Connection>> connections_;
@@ -196,14 +240,53 @@ class LoadRun {
   std::vector<double> arrivals_;
   std::size_t next_arrival_ = 0;
   std::deque<Clock::time_point> due_;  // arrived, waiting for a free connection
-  std::vector<Connection*> idle_;
+  std::deque<Connection*> idle_;  // longest idle first
   net::steady_timer arrival_timer_;
 
   std::uint64_t outstanding_ = 0;
-  std::uint64_t connection_errors_ = 0;
-  std::vector<double> latencies_ms_;
-  std::map<int, std::uint64_t> statuses_;
+  RunSamples samples_;
 };
+
+void validate(const LoadOptions& options) {
+  if (options.concurrency() < 1) throw UsageError("--concurrency", "must be at least 1");
+  if (options.duration_seconds() <= 0) throw UsageError("--duration", "must be positive");
+  if (options.rate() < 0) throw UsageError("--rate", "must not be negative");
+  if (options.timeout().count() <= 0) throw UsageError("--timeout", "must be positive");
+  if (options.threads() < 1) throw UsageError("--threads", "must be at least 1");
+  if (options.threads() > options.concurrency()) throw UsageError("--threads", "must be at most --concurrency");
+}
+
+// Thread i of n: its share of the connections and of the arrival rate, and its own seed.
+LoadOptions share_of(const LoadOptions& options, int i) {
+  const int n = options.threads();
+  LoadOptions share = options;
+  share.concurrency(options.concurrency() / n + (i < options.concurrency() % n ? 1 : 0));
+  share.rate(options.rate() / n);
+  share.seed(options.seed() + static_cast<std::uint64_t>(i));
+  return share;
+}
+
+LoadResult merge(const LoadOptions& options, std::vector<RunSamples> runs) {
+  LoadResult result;
+  result.concurrency = options.concurrency();
+  result.rate = options.rate();
+  std::vector<double> latencies, accepted;
+  for (RunSamples& run : runs) {
+    result.seconds = std::max(result.seconds, run.seconds);
+    latencies.insert(latencies.end(), run.latencies_ms.begin(), run.latencies_ms.end());
+    accepted.insert(accepted.end(), run.accepted_ms.begin(), run.accepted_ms.end());
+    for (auto [status, count] : run.statuses) result.statuses[status] += count;
+    result.timeouts += run.timeouts;
+    result.connection_errors += run.connection_errors;
+  }
+  result.requests = latencies.size();
+  result.requests_per_second = static_cast<double>(result.requests) / result.seconds;
+  result.latency = summarize_latencies(std::move(latencies));
+  result.accepted = accepted.size();
+  result.accepted_per_second = static_cast<double>(result.accepted) / result.seconds;
+  result.accepted_latency = summarize_latencies(std::move(accepted));
+  return result;
+}
 
 void fill_random(nlohmann::json& data, const std::string& datatype, std::int64_t count, std::mt19937_64& rng) {
   bool floating = datatype == "FP16" || datatype == "FP32" || datatype == "FP64";
@@ -320,6 +403,27 @@ std::vector<double> poisson_arrivals(double rate, double duration_seconds, std::
   return arrivals;
 }
 
-LoadResult run_load(const LoadOptions& options) { return LoadRun(options).run(); }
+LoadResult run_load(const LoadOptions& options) {
+  validate(options);
+  if (options.threads() == 1) return merge(options, {LoadRun(options).run()});
+  const auto n = static_cast<std::size_t>(options.threads());
+  std::vector<RunSamples> runs(n);
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        runs[i] = LoadRun(share_of(options, static_cast<int>(i))).run();
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+  return merge(options, std::move(runs));
+}
 
 }  // namespace afterburner::serve

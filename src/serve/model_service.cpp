@@ -194,6 +194,7 @@ void ModelService::infer(std::string_view name, std::string body, std::optional<
     model->metrics.request_failure += 1;
     reply(error_reply(status, message));
   };
+  if (std::optional<std::string> refused = model->batcher->refusal()) return fail(503, *refused);
   InferRequest request;
   try {
     request = parse_infer_request(body, json_length, model->config);
@@ -226,6 +227,7 @@ void ModelService::infer_images(std::string_view name, std::vector<std::string> 
     return fail(400, fmt::format("{} images, more than model '{}' takes at once (max_batch_size {})", images.size(),
                                  name, config.max_batch_size));
   }
+  if (std::optional<std::string> refused = model->batcher->refusal()) return fail(503, *refused);
   // Decoding takes milliseconds an image: on LibTorch's inter-op pool, not on the io thread that
   // serves every other connection meanwhile.
   at::launch([this, model, images = std::move(images), top_k, reply = std::move(reply)]() mutable {

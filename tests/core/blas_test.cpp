@@ -31,4 +31,21 @@ TEST(ThreadsGuard, RestoresThePreviousCount) {
   EXPECT_EQ(at::get_num_threads(), before);
 }
 
+// OpenBLAS keeps a pool of its own that at::set_num_threads does not reach.
+TEST(ThreadsGuard, GovernsOpenBlasToo) {
+  torch::mm(torch::ones({8, 8}), torch::ones({8, 8}));
+  const int before = blas_threads();
+  ASSERT_GT(before, 0) << "OpenBLAS is not the BLAS loaded";
+  {
+    ThreadsGuard guard(1);
+    EXPECT_EQ(blas_threads(), 1);
+    {
+      ThreadsGuard inner(2);
+      EXPECT_EQ(blas_threads(), 2);
+    }
+    EXPECT_EQ(blas_threads(), 1);
+  }
+  EXPECT_EQ(blas_threads(), before);
+}
+
 }  // namespace afterburner

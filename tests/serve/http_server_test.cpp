@@ -427,6 +427,26 @@ TEST(HttpServer, StalledClientGets408WhileOthersAreServed) {
   EXPECT_EQ(other.request("GET", "/v2/health/live").status, 200);
 }
 
+// Each request moves the connection's deadline: a busy keep-alive connection outlives the read
+// timeout many times over, and a request that then stalls still gets its 408 on time.
+TEST(HttpServer, DeadlinesFollowEachRequestOfAKeepAliveConnection) {
+  TestService service;
+  RunningServer running(service, HttpOptions().read_timeout(std::chrono::milliseconds(200)));
+  Client client(running.port());
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(700)) {
+    ASSERT_EQ(client.request("GET", "/v2/health/live").status, 200);
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  }
+  client.send_raw("GET /v2/health/live HTTP/1.1\r\nHost:");
+  const auto stalled = std::chrono::steady_clock::now();
+  Response response = client.read_response();
+  const auto waited = std::chrono::steady_clock::now() - stalled;
+  EXPECT_EQ(response.status, 408);
+  EXPECT_GE(waited, std::chrono::milliseconds(190));  // not before the deadline (clock granularity aside)
+  EXPECT_LT(waited, std::chrono::seconds(5));         // and not lost
+}
+
 TEST(HttpServer, IdleKeepAliveConnectionIsClosed) {
   TestService service;
   RunningServer running(service, HttpOptions().idle_timeout(std::chrono::milliseconds(500)));

@@ -173,8 +173,68 @@ TEST(Loadgen, ClosedLoopCountsEveryAnswerByStatus) {
   EXPECT_EQ(result.statuses[200], service.answered() - service.rejected());
   EXPECT_EQ(result.statuses.size(), 2u);
   EXPECT_EQ(result.connection_errors, 0u);
+  EXPECT_EQ(result.timeouts, 0u);
   EXPECT_EQ(result.concurrency, 3);
   EXPECT_DOUBLE_EQ(result.requests_per_second, result.requests / result.seconds);
+  EXPECT_EQ(result.accepted, result.statuses[200]);
+  EXPECT_DOUBLE_EQ(result.accepted_per_second, result.accepted / result.seconds);
+}
+
+// Quick 503s must not hide slow successes: the service answers one request in three 200 after
+// 30 ms, the others 503 at once.
+TEST(Loadgen, AcceptedLatencyLeavesOutTheRejections) {
+  class SlowAccepts : public DelayService {
+   public:
+    SlowAccepts() : DelayService(0ms) {}
+    void infer(std::string_view model, std::string body, std::optional<std::size_t> length, ReplyCallback reply) override {
+      if (++calls_ % 3 != 1) return reply(Reply{503, "application/json", R"({"error":"busy"})", {}});
+      std::this_thread::sleep_for(30ms);  // the io thread: one request at a time
+      DelayService::infer(model, std::move(body), length, std::move(reply));
+    }
+
+   private:
+    std::atomic<int> calls_{0};
+  } service;
+  RunningServer server(service);
+  LoadResult result = run_load(LoadOptions(endpoint_of(server)).target("/v2/models/m/infer").body("{}").duration_seconds(0.4));
+  ASSERT_GE(result.accepted, 3u);
+  ASSERT_GE(result.statuses[503], 3u);
+  EXPECT_GE(result.accepted_latency.p50_ms, 30);
+  EXPECT_LT(result.latency.p50_ms, 30);  // two answers in three are immediate 503s
+}
+
+// A 300 ms service and a 50 ms timeout: each request is given up, its connection closed and a
+// new one opened for the next; none is an answer or a connection error.
+TEST(Loadgen, UnansweredRequestsTimeOut) {
+  DelayService service(300ms);
+  RunningServer server(service);
+  LoadResult result = run_load(LoadOptions(endpoint_of(server))
+                                   .target("/v2/models/m/infer")
+                                   .body("{}")
+                                   .concurrency(2)
+                                   .duration_seconds(0.2)
+                                   .timeout(50ms));
+  EXPECT_EQ(result.requests, 0u);
+  EXPECT_GE(result.timeouts, 4u);  // two connections, each giving up every 50 ms for 0.2 s
+  EXPECT_LE(result.timeouts, 10u);
+  EXPECT_EQ(result.connection_errors, 0u);
+}
+
+TEST(Loadgen, ThreadsShareTheConnectionsAndTheArrivals) {
+  DelayService service(0ms);
+  RunningServer server(service);
+  LoadResult closed = run_load(
+      LoadOptions(endpoint_of(server)).target("/v2/models/m/infer").body("{}").concurrency(5).threads(2).duration_seconds(0.3));
+  EXPECT_GT(closed.requests, 0u);
+  EXPECT_EQ(closed.requests, service.answered());
+  EXPECT_EQ(closed.concurrency, 5);
+  const std::uint64_t before = service.answered();
+  LoadResult open = run_load(LoadOptions(endpoint_of(server)).concurrency(4).threads(2).duration_seconds(0.5).rate(400).seed(3));
+  // Each thread draws the arrivals of half the rate from its own seed.
+  const std::size_t scheduled = poisson_arrivals(200, 0.5, 3).size() + poisson_arrivals(200, 0.5, 4).size();
+  EXPECT_EQ(open.requests, scheduled);
+  EXPECT_EQ(open.statuses[200], scheduled);
+  EXPECT_EQ(service.answered(), before);  // GETs of /v2/health/live reach no model
 }
 
 TEST(Loadgen, LatencyIncludesTheServiceDelay) {
@@ -240,6 +300,10 @@ TEST(Loadgen, BadOptionsNameTheFlag) {
   EXPECT_EQ(error_message<UsageError>([&] { run_load(LoadOptions(server).concurrency(0)); }), "--concurrency: must be at least 1");
   EXPECT_EQ(error_message<UsageError>([&] { run_load(LoadOptions(server).duration_seconds(0)); }), "--duration: must be positive");
   EXPECT_EQ(error_message<UsageError>([&] { run_load(LoadOptions(server).rate(-1)); }), "--rate: must not be negative");
+  EXPECT_EQ(error_message<UsageError>([&] { run_load(LoadOptions(server).timeout(0ms)); }), "--timeout: must be positive");
+  EXPECT_EQ(error_message<UsageError>([&] { run_load(LoadOptions(server).threads(0)); }), "--threads: must be at least 1");
+  EXPECT_EQ(error_message<UsageError>([&] { run_load(LoadOptions(server).concurrency(2).threads(3)); }),
+            "--threads: must be at most --concurrency");
 }
 
 // The CLI as a child process, with both streams in `log`; killed and reaped if the test ends early.

@@ -21,4 +21,10 @@ BlasInfo detect_blas();
 // One line telling the user how to get a fast BLAS.
 std::string blas_warning(const BlasInfo& info);
 
+// OpenBLAS's own thread pool, which LibTorch's thread count does not govern (its GEMMs would use
+// every core, their idle threads spinning, whatever at::set_num_threads said). 0 when the BLAS
+// loaded is not OpenBLAS, whose count set_blas_threads then leaves alone.
+int blas_threads();
+void set_blas_threads(int n);
+
 }  // namespace afterburner

@@ -1,4 +1,4 @@
-// RAII for LibTorch's intra-op thread count.
+// RAII for LibTorch's intra-op thread count, and OpenBLAS's with it.
 //
 //   {
 //     afterburner::ThreadsGuard threads(1);  // deterministic single-thread section
@@ -23,6 +23,7 @@ class ThreadsGuard {
 
  private:
   int previous_;
+  int previous_blas_;
 };
 
 }  // namespace afterburner

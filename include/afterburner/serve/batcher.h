@@ -21,6 +21,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,6 +58,10 @@ class Batcher {
   // queued timeout_us after it arrived fails with 504 without running.
   void submit(std::vector<at::Tensor> inputs, BatchCallback done);
 
+  // Why submit() would refuse a request now with 503 (queue full, shutting down), if it would:
+  // asked before a request is parsed, so that shedding load costs no parsing.
+  std::optional<std::string> refusal() const;
+
   // Every worker has warmed up its instance.
   bool ready() const;
   // Blocks until ready; throws Error with the cause if a warm-up failed.
@@ -78,6 +83,7 @@ class Batcher {
   void warm_up(const Runner& runner);
   std::vector<Pending> next_batch(std::unique_lock<std::mutex>& lock);
   std::size_t ready_prefix(bool deadline_passed) const;
+  std::optional<std::string> refusal_locked() const;
   void fail_expired(std::unique_lock<std::mutex>& lock);
   void run_batch(const Runner& runner, std::vector<Pending> batch);
 

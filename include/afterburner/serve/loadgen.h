@@ -12,10 +12,14 @@
 // (rate > 0): requests are scheduled at Poisson arrival times, whatever the server does, and
 // sent on the first free connection; latency counts from the scheduled time, so a stalled
 // server shows up in the percentiles instead of slowing the load (no coordinated omission).
+// A request unanswered after `timeout` counts as a timeout: its connection is closed, as a client
+// giving up would, and opened again for the next request. With threads > 1 the connections (and
+// the arrivals) are shared out over that many client threads, for loads one thread cannot drive.
 #pragma once
 
 #include <torch/arg.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -52,6 +56,9 @@ struct LoadOptions {
   // Requests per second of the Poisson open loop; 0 runs the closed loop.
   TORCH_ARG(double, rate) = 0;
   TORCH_ARG(std::uint64_t, seed) = 1;
+  // An answer later than this is a timeout (wrk's --timeout defaults to 2 s; ours is looser).
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(10);
+  TORCH_ARG(int, threads) = 1;
 };
 
 struct LatencySummary {
@@ -68,7 +75,12 @@ struct LoadResult {
   std::uint64_t requests = 0;   // answered, whatever the status
   double requests_per_second = 0;
   LatencySummary latency;       // over every answered request
+  // The 2xx answers alone: a server shedding load with quick 503s must not hide slow successes.
+  std::uint64_t accepted = 0;
+  double accepted_per_second = 0;
+  LatencySummary accepted_latency;
   std::map<int, std::uint64_t> statuses;
+  std::uint64_t timeouts = 0;           // requests given up after `timeout`
   std::uint64_t connection_errors = 0;  // requests lost to a failed or closed connection
 };
 
