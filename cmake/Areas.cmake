@@ -6,7 +6,8 @@ target_include_directories(afterburner_deps INTERFACE
 target_link_libraries(afterburner_deps INTERFACE
   ${TORCH_LIBRARIES} ${DNNL_LIBRARY} OpenMP::OpenMP_CXX Threads::Threads ZLIB::ZLIB ${LIBZIP_LIBRARY} ${JPEG_LIBRARY} ${TURBOJPEG_LIBRARY}
   ${SPNG_LIBRARY} ${CMAKE_DL_LIBS}
-  nlohmann_json::nlohmann_json fmt::fmt tomlplusplus::tomlplusplus simdjson::simdjson Boost::headers)
+  nlohmann_json::nlohmann_json fmt::fmt tomlplusplus::tomlplusplus simdjson::simdjson Boost::headers
+  gRPC::grpc++ protobuf::libprotobuf)
 # -Wno-psabi: the kernels pass GCC vectors by value only between always-inlined helpers compiled
 # per instruction set (kernels/simd.h), where the ABI note about such arguments never applies.
 # Our warnings, not an installed package's users' (cmake/Install.cmake).

@@ -12,7 +12,7 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/afterburnerConfig.cmak
                               ${PROJECT_BINARY_DIR}/afterburnerConfig.cmake INSTALL_DESTINATION ${AFTERBURNER_CMAKE_DIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/afterburnerConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/afterburnerConfig.cmake ${PROJECT_BINARY_DIR}/afterburnerConfigVersion.cmake
-        DESTINATION ${AFTERBURNER_CMAKE_DIR})
+        ${PROJECT_SOURCE_DIR}/cmake/AbslLinkFlags.cmake DESTINATION ${AFTERBURNER_CMAKE_DIR})
 
 # pkg-config: the static library and everything it links, as absolute paths (LibTorch and oneDNN
 # install no .pc files of their own), plus LibTorch's include directories and ABI flag; the prefix

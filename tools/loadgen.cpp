@@ -10,6 +10,7 @@
 #include <iterator>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "afterburner/core/error.h"
 #include "afterburner/serve/loadgen.h"
@@ -29,14 +30,29 @@ struct LoadgenArgs {
   std::uint64_t seed = 1;
   double timeout = 10;
   int threads = 1;
+  bool binary = false;
   bool json = false;
 };
 
-std::string request_body(const LoadgenArgs& args, const serve::Endpoint& server) {
-  if (args.input.empty()) return serve::sample_infer_body(serve::http_get(server, "/v2/models/" + args.model), args.seed);
-  if (!std::filesystem::is_regular_file(args.input)) throw DataError(args.input, "no such request body file");
-  std::ifstream in(args.input, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+struct RequestBody {
+  std::string bytes;
+  std::optional<std::size_t> json_length;  // the binary extension's
+};
+
+RequestBody request_body(const LoadgenArgs& args, const serve::Endpoint& server) {
+  const bool grpc = server.protocol == serve::Protocol::grpc;
+  if (args.binary && grpc) throw UsageError("--binary", "is for http:// servers (gRPC requests carry raw bytes)");
+  if (!args.input.empty()) {
+    if (args.binary) throw UsageError("--binary", "applies to generated samples, not to --input");
+    if (!std::filesystem::is_regular_file(args.input)) throw DataError(args.input, "no such request body file");
+    std::ifstream in(args.input, std::ios::binary);
+    return {std::string(std::istreambuf_iterator<char>(in), {}), std::nullopt};
+  }
+  if (grpc) return {serve::sample_grpc_request(args.model, serve::grpc_model_metadata(server, args.model), args.seed), {}};
+  const std::string metadata = serve::http_get(server, "/v2/models/" + args.model);
+  if (!args.binary) return {serve::sample_infer_body(metadata, args.seed), std::nullopt};
+  auto [bytes, json_length] = serve::sample_binary_body(metadata, args.seed);
+  return {std::move(bytes), json_length};
 }
 
 std::string statuses_text(const serve::LoadResult& result) {
@@ -61,7 +77,7 @@ nlohmann::json result_json(const serve::LoadResult& result) {
 
 int loadgen(const LoadgenArgs& args) {
   serve::Endpoint server = serve::parse_url(args.url);
-  const std::string body = request_body(args, server);
+  const RequestBody body = request_body(args, server);
   const std::string target = "/v2/models/" + args.model + "/infer";
   nlohmann::json report = nlohmann::json::array();
   if (!args.json) {
@@ -72,7 +88,8 @@ int loadgen(const LoadgenArgs& args) {
   for (int concurrency : args.concurrency) {
     serve::LoadResult result = serve::run_load(serve::LoadOptions(server)
                                                    .target(target)
-                                                   .body(body)
+                                                   .body(body.bytes)
+                                                   .json_length(body.json_length)
                                                    .concurrency(concurrency)
                                                    .duration_seconds(args.duration)
                                                    .rate(args.rate)
@@ -99,7 +116,8 @@ int loadgen(const LoadgenArgs& args) {
 Command add_loadgen_command(CLI::App& app) {
   auto* sub = app.add_subcommand("loadgen", "load an inference server: throughput and latency percentiles");
   auto args = std::make_shared<LoadgenArgs>();
-  sub->add_option("--url", args->url, "server, http://IP[:PORT]")->capture_default_str();
+  sub->add_option("--url", args->url, "server, http://IP[:PORT], or grpc://IP[:PORT] for gRPC's ModelInfer")
+      ->capture_default_str();
   sub->add_option("--model", args->model, "model to infer with")->required();
   add_list_option(sub, "--concurrency", args->concurrency, "connections, one run each");
   sub->add_option("--duration", args->duration, "seconds per run")->capture_default_str();
@@ -109,6 +127,7 @@ Command add_loadgen_command(CLI::App& app) {
   sub->add_option("--timeout", args->timeout, "seconds after which an unanswered request is a timeout")
       ->capture_default_str();
   sub->add_option("--threads", args->threads, "client threads sharing the connections")->capture_default_str();
+  sub->add_flag("--binary", args->binary, "send and ask for tensors in the binary extension instead of JSON");
   sub->add_flag("--json", args->json, "print the results as JSON");
   return {sub, [args] { return loadgen(*args); }};
 }

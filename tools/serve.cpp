@@ -7,12 +7,14 @@
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "afterburner/core/error.h"
 #include "afterburner/core/file_limit.h"
 #include "afterburner/core/heap.h"
 #include "afterburner/core/signals.h"
+#include "afterburner/serve/grpc_server.h"
 #include "afterburner/serve/http_server.h"
 #include "afterburner/serve/model_service.h"
 #include "commands.h"
@@ -24,6 +26,7 @@ struct ServeArgs {
   std::string repo;
   std::string host = "127.0.0.1";
   int port = 8000;
+  int grpc_port = -1;  // none
   int io_threads = 1;
   int intra_op_threads = 1;
   bool batching = true;
@@ -123,10 +126,14 @@ int serve(const ServeArgs& args) {
                                        .idle_timeout(milliseconds(args.idle_timeout))
                                        .max_connections(args.max_connections)
                                        .max_pending_body_bytes(args.max_pending_body_bytes));
+  std::optional<serve::GrpcServer> grpc;
+  if (args.grpc_port >= 0) grpc.emplace(models, serve::GrpcOptions().host(args.host).port(args.grpc_port));
   warn_if_too_few_file_descriptors(args.max_connections);
   StopServerOnSignal stop_on_signal(stop_signals, server);
+  if (grpc) std::cout << "afterburner: gRPC on " << args.host << ":" << grpc->port() << std::endl;
   std::cout << "afterburner: serving " << args.repo << " on http://" << args.host << ":" << server.port() << std::endl;
   server.run();
+  if (grpc) grpc->stop();  // its calls in flight answered, while the models are still there
   std::cout << "afterburner: stopped" << std::endl;
   return 0;
 }
@@ -140,6 +147,8 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--host", args->host, "address to listen on; anything but 127.0.0.1 exposes the server")
       ->capture_default_str();
   sub->add_option("--port", args->port, "port to listen on (0: any free one)")->capture_default_str();
+  sub->add_option("--grpc-port", args->grpc_port,
+                  "also serve KServe v2 gRPC on this port (0: any free one; default: HTTP only)");
   sub->add_option("--io-threads", args->io_threads, "threads for the sockets")->capture_default_str();
   sub->add_option("--intra-op-threads", args->intra_op_threads, "LibTorch threads per forward")->capture_default_str();
   sub->add_flag("--batching,!--no-batching", args->batching,

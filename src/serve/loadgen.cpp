@@ -9,14 +9,14 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
-#include <exception>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <random>
-#include <thread>
 
 #include "afterburner/core/error.h"
+#include "afterburner/serve/protocol.h"
+#include "load_run.h"
 
 namespace afterburner::serve {
 namespace {
@@ -41,8 +41,13 @@ std::string request_text(const LoadOptions& options) {
   std::string head = (options.body().empty() ? "GET " : "POST ") + options.target() +
                      " HTTP/1.1\r\nHost: " + options.server().host + ":" + std::to_string(options.server().port) + "\r\n";
   if (options.body().empty()) return head + "\r\n";
-  return head + "Content-Type: application/json\r\nContent-Length: " + std::to_string(options.body().size()) +
-         "\r\n\r\n" + options.body();
+  if (options.json_length()) {
+    head += "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: " +
+            std::to_string(*options.json_length()) + "\r\n";
+  } else {
+    head += "Content-Type: application/json\r\n";
+  }
+  return head + "Content-Length: " + std::to_string(options.body().size()) + "\r\n\r\n" + options.body();
 }
 
 double milliseconds_between(Clock::time_point from, Clock::time_point to) {
@@ -53,14 +58,6 @@ Clock::duration seconds(double value) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(value));
 }
 
-// What one client thread saw; the threads' samples are merged into one LoadResult.
-struct RunSamples {
-  double seconds = 0;  // from the first send to the last answer
-  std::vector<double> latencies_ms, accepted_ms;
-  std::map<int, std::uint64_t> statuses;
-  std::uint64_t timeouts = 0, connection_errors = 0;
-};
-
 // One client thread: its connections on its own io_context, one request outstanding each.
 class LoadRun {
  public:
@@ -69,7 +66,7 @@ class LoadRun {
     for (int i = 0; i < options_.concurrency(); ++i) connections_.push_back(std::make_unique<Connection>(io_));
   }
 
-  RunSamples run() {
+  load::RunSamples run() {
     connect_all();
     start_ = last_answer_ = Clock::now();
     deadline_ = start_ + seconds(options_.duration_seconds());
@@ -244,78 +241,29 @@ class LoadRun {
   net::steady_timer arrival_timer_;
 
   std::uint64_t outstanding_ = 0;
-  RunSamples samples_;
+  load::RunSamples samples_;
 };
-
-void validate(const LoadOptions& options) {
-  if (options.concurrency() < 1) throw UsageError("--concurrency", "must be at least 1");
-  if (options.duration_seconds() <= 0) throw UsageError("--duration", "must be positive");
-  if (options.rate() < 0) throw UsageError("--rate", "must not be negative");
-  if (options.timeout().count() <= 0) throw UsageError("--timeout", "must be positive");
-  if (options.threads() < 1) throw UsageError("--threads", "must be at least 1");
-  if (options.threads() > options.concurrency()) throw UsageError("--threads", "must be at most --concurrency");
-}
-
-// Thread i of n: its share of the connections and of the arrival rate, and its own seed.
-LoadOptions share_of(const LoadOptions& options, int i) {
-  const int n = options.threads();
-  LoadOptions share = options;
-  share.concurrency(options.concurrency() / n + (i < options.concurrency() % n ? 1 : 0));
-  share.rate(options.rate() / n);
-  share.seed(options.seed() + static_cast<std::uint64_t>(i));
-  return share;
-}
-
-LoadResult merge(const LoadOptions& options, std::vector<RunSamples> runs) {
-  LoadResult result;
-  result.concurrency = options.concurrency();
-  result.rate = options.rate();
-  std::vector<double> latencies, accepted;
-  for (RunSamples& run : runs) {
-    result.seconds = std::max(result.seconds, run.seconds);
-    latencies.insert(latencies.end(), run.latencies_ms.begin(), run.latencies_ms.end());
-    accepted.insert(accepted.end(), run.accepted_ms.begin(), run.accepted_ms.end());
-    for (auto [status, count] : run.statuses) result.statuses[status] += count;
-    result.timeouts += run.timeouts;
-    result.connection_errors += run.connection_errors;
-  }
-  result.requests = latencies.size();
-  result.requests_per_second = static_cast<double>(result.requests) / result.seconds;
-  result.latency = summarize_latencies(std::move(latencies));
-  result.accepted = accepted.size();
-  result.accepted_per_second = static_cast<double>(result.accepted) / result.seconds;
-  result.accepted_latency = summarize_latencies(std::move(accepted));
-  return result;
-}
-
-void fill_random(nlohmann::json& data, const std::string& datatype, std::int64_t count, std::mt19937_64& rng) {
-  bool floating = datatype == "FP16" || datatype == "FP32" || datatype == "FP64";
-  bool integer = datatype.rfind("INT", 0) == 0 || datatype.rfind("UINT", 0) == 0;
-  if (!floating && !integer) {
-    throw UsageError("metadata", "datatype " + datatype + " cannot be generated (FP16/32/64 and [U]INT8-64 can)");
-  }
-  std::uniform_real_distribution<double> real(0, 1);
-  std::uniform_int_distribution<int> whole(0, 9);
-  for (std::int64_t i = 0; i < count; ++i) {
-    if (floating) {
-      data.push_back(real(rng));
-    } else {
-      data.push_back(whole(rng));
-    }
-  }
-}
 
 }  // namespace
 
 Endpoint parse_url(const std::string& url) {
-  const std::string scheme = "http://";
   auto bad = [&](const std::string& why) {
-    return UsageError("--url", "'" + url + "' " + why + " (expected http://HOST[:PORT] with HOST an IP address)");
+    return UsageError("--url", "'" + url + "' " + why +
+                                   " (expected http://HOST[:PORT] or grpc://HOST[:PORT] with HOST an IP address)");
   };
-  if (url.rfind(scheme, 0) != 0) throw bad("does not start with http://");
-  std::string rest = url.substr(scheme.size());
-  if (!rest.empty() && rest.back() == '/') rest.pop_back();
   Endpoint endpoint;
+  std::string rest;
+  if (url.rfind("http://", 0) == 0) {
+    rest = url.substr(7);
+    endpoint.port = 80;
+  } else if (url.rfind("grpc://", 0) == 0) {
+    rest = url.substr(7);
+    endpoint.port = 8001;
+    endpoint.protocol = Protocol::grpc;
+  } else {
+    throw bad("does not start with http:// or grpc://");
+  }
+  if (!rest.empty() && rest.back() == '/') rest.pop_back();
   std::size_t colon = rest.rfind(':');
   endpoint.host = rest.substr(0, colon);
   if (colon != std::string::npos) {
@@ -325,8 +273,6 @@ Endpoint parse_url(const std::string& url) {
       throw bad("has a bad port");
     }
     endpoint.port = std::stoi(port);
-  } else {
-    endpoint.port = 80;
   }
   beast::error_code error;
   net::ip::make_address(endpoint.host, error);
@@ -354,30 +300,44 @@ std::string http_get(const Endpoint& server, const std::string& target) {
   return response.body();
 }
 
-std::string sample_infer_body(const std::string& model_metadata, std::uint64_t seed) {
+std::vector<NamedTensor> sample_inputs(const std::string& model_metadata, std::uint64_t seed) {
   nlohmann::json metadata = nlohmann::json::parse(model_metadata, nullptr, /*allow_exceptions=*/false);
   if (metadata.is_discarded()) throw UsageError("metadata", "not JSON");
   if (!metadata.contains("inputs") || !metadata["inputs"].is_array() || metadata["inputs"].empty()) {
     throw UsageError("metadata", "no inputs");
   }
   std::mt19937_64 rng(seed);
-  nlohmann::json inputs = nlohmann::json::array();
+  std::vector<NamedTensor> inputs;
   for (const auto& input : metadata["inputs"]) {
     if (!input.contains("name") || !input.contains("datatype") || !input.contains("shape") || !input["shape"].is_array()) {
       throw UsageError("metadata", "an input lacks name, datatype or shape");
     }
-    nlohmann::json shape = nlohmann::json::array();
-    std::int64_t count = 1;
-    for (const auto& dim : input["shape"]) {
-      std::int64_t size = dim.get<std::int64_t>() < 0 ? 1 : dim.get<std::int64_t>();
-      shape.push_back(size);
-      count *= size;
+    const std::string datatype = input["datatype"].get<std::string>();
+    const std::optional<DataType> type = parse_datatype(datatype);
+    if (!type || *type == DataType::BOOL) {
+      throw UsageError("metadata", "datatype " + datatype + " cannot be generated (FP16/32/64 and [U]INT8-64 can)");
     }
-    nlohmann::json data = nlohmann::json::array();
-    fill_random(data, input["datatype"].get<std::string>(), count, rng);
-    inputs.push_back({{"name", input["name"]}, {"shape", shape}, {"datatype", input["datatype"]}, {"data", data}});
+    std::vector<int64_t> shape;
+    for (const auto& dim : input["shape"]) shape.push_back(std::max<int64_t>(dim.get<int64_t>(), 1));
+    at::Tensor values = at::empty(shape, at::kDouble);
+    const bool floating = *type == DataType::FP16 || *type == DataType::FP32 || *type == DataType::FP64;
+    std::uniform_real_distribution<double> real(0, 1);
+    std::uniform_int_distribution<int> whole(0, 9);
+    double* data = values.data_ptr<double>();
+    for (int64_t i = 0; i < values.numel(); ++i) data[i] = floating ? real(rng) : whole(rng);
+    inputs.emplace_back(input["name"].get<std::string>(), values.to(scalar_type(*type)));
   }
-  return nlohmann::json{{"inputs", inputs}}.dump();
+  return inputs;
+}
+
+std::string sample_infer_body(const std::string& model_metadata, std::uint64_t seed) {
+  return encode_infer_request(sample_inputs(model_metadata, seed)).body;
+}
+
+std::pair<std::string, std::size_t> sample_binary_body(const std::string& model_metadata, std::uint64_t seed) {
+  EncodedBody body = encode_infer_request(sample_inputs(model_metadata, seed),
+                                          RequestOptions().binary_inputs(true).binary_outputs(true));
+  return {std::move(body.body), *body.json_length};
 }
 
 LatencySummary summarize_latencies(std::vector<double> latencies_ms) {
@@ -404,26 +364,8 @@ std::vector<double> poisson_arrivals(double rate, double duration_seconds, std::
 }
 
 LoadResult run_load(const LoadOptions& options) {
-  validate(options);
-  if (options.threads() == 1) return merge(options, {LoadRun(options).run()});
-  const auto n = static_cast<std::size_t>(options.threads());
-  std::vector<RunSamples> runs(n);
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (std::size_t i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      try {
-        runs[i] = LoadRun(share_of(options, static_cast<int>(i))).run();
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  for (const auto& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
-  return merge(options, std::move(runs));
+  if (options.server().protocol == Protocol::grpc) return load::run_threads(options, load::run_grpc);
+  return load::run_threads(options, [](const LoadOptions& share) { return LoadRun(share).run(); });
 }
 
 }  // namespace afterburner::serve

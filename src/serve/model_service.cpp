@@ -245,6 +245,41 @@ void ModelService::infer_images(std::string_view name, std::vector<std::string> 
   });
 }
 
+void ModelService::infer_tensors(std::string_view name, const TensorRequest& tensors, TensorReplyCallback reply) {
+  Model* model = find(name);
+  auto fail = [model, &reply](int status, std::string message) {
+    if (model) model->metrics.request_failure += 1;
+    TensorReply failed;
+    failed.status = status;
+    failed.error = std::move(message);
+    reply(std::move(failed));
+  };
+  if (!model) return fail(404, fmt::format("unknown model '{}'", name));
+  if (std::optional<std::string> refused = model->batcher->refusal()) return fail(503, *refused);
+  InferRequest request;
+  try {
+    request = make_infer_request(tensors, model->config);
+  } catch (const RequestError& e) {
+    return fail(e.status(), e.what());
+  }
+  std::vector<at::Tensor> inputs = std::move(request.inputs);
+  model->batcher->submit(std::move(inputs), [model, request = std::move(request), reply](BatchResult result) {
+    TensorReply answer;
+    answer.status = result.status;
+    answer.error = std::move(result.error);
+    answer.model_name = model->config.name;
+    answer.id = request.id;
+    if (result.status == 200) {
+      for (const auto& wanted : request.outputs) {
+        const std::size_t index = spec_index(model->config.outputs, wanted.name);
+        answer.outputs.emplace_back(wanted.name, result.outputs.at(index).contiguous());
+      }
+    }
+    (result.status == 200 ? model->metrics.request_success : model->metrics.request_failure) += 1;
+    reply(std::move(answer));
+  });
+}
+
 void ModelService::submit(Model& model, std::vector<at::Tensor> inputs,
                           std::function<Reply(const std::vector<at::Tensor>&)> encode, ReplyCallback reply) {
   model.batcher->submit(std::move(inputs), [&model, encode = std::move(encode), reply](BatchResult result) {

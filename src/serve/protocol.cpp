@@ -38,14 +38,6 @@ dom::element field(const dom::object& object, std::string_view key, std::string_
   return take(object.at_key(key), where);
 }
 
-DataType datatype_of(at::ScalarType type) {
-  for (DataType candidate : {DataType::BOOL, DataType::UINT8, DataType::INT8, DataType::INT16, DataType::INT32,
-                             DataType::INT64, DataType::FP16, DataType::FP32, DataType::FP64}) {
-    if (scalar_type(candidate) == type) return candidate;
-  }
-  throw Error(fmt::format("serve: tensors of {} have no Open Inference Protocol datatype", at::toString(type)));
-}
-
 // Calls f(T{}) with the C++ element type of `type`.
 template <typename F>
 decltype(auto) with_element_type(DataType type, F&& f) {
@@ -142,23 +134,29 @@ struct TensorHeader {
   std::size_t numel = 1;
 };
 
-TensorHeader read_header(const dom::object& tensor, const std::string& where) {
-  TensorHeader header;
-  header.name = std::string(take(field(tensor, "name", where + ".name").get_string(), where + ".name"));
-  std::string_view datatype = take(field(tensor, "datatype", where + ".datatype").get_string(), where + ".datatype");
+void set_datatype(TensorHeader& header, std::string_view datatype, const std::string& where) {
   auto parsed = parse_datatype(datatype);
   if (!parsed) bad_request(fmt::format("{}.datatype: unsupported datatype '{}'", where, datatype));
   header.datatype = *parsed;
+}
+
+void append_dim(TensorHeader& header, uint64_t size, const std::string& where) {
   // Bounded so that the byte size of the widest datatype (8 bytes) cannot overflow.
   constexpr std::size_t max_numel = std::numeric_limits<std::size_t>::max() / 16;
+  if (size > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()) ||
+      (size > 0 && header.numel > max_numel / size)) {
+    bad_request(where + ".shape: too large");
+  }
+  header.shape.push_back(static_cast<int64_t>(size));
+  header.numel *= size;
+}
+
+TensorHeader read_header(const dom::object& tensor, const std::string& where) {
+  TensorHeader header;
+  header.name = std::string(take(field(tensor, "name", where + ".name").get_string(), where + ".name"));
+  set_datatype(header, take(field(tensor, "datatype", where + ".datatype").get_string(), where + ".datatype"), where);
   for (dom::element dim : take(field(tensor, "shape", where + ".shape").get_array(), where + ".shape")) {
-    uint64_t size = take(dim.get_uint64(), where + ".shape");
-    if (size > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()) ||
-        (size > 0 && header.numel > max_numel / size)) {
-      bad_request(where + ".shape: too large");
-    }
-    header.shape.push_back(static_cast<int64_t>(size));
-    header.numel *= size;
+    append_dim(header, take(dim.get_uint64(), where + ".shape"), where);
   }
   if (auto parameters = optional_field(tensor, "parameters")) {
     dom::object object = take(parameters->get_object(), where + ".parameters");
@@ -169,29 +167,39 @@ TensorHeader read_header(const dom::object& tensor, const std::string& where) {
   return header;
 }
 
+at::Tensor allocate(const TensorHeader& header) {
+  return at::empty(header.shape, at::TensorOptions().dtype(scalar_type(header.datatype)));
+}
+
+// `size` is the byte count a request gives for a tensor (its binary_data_size, or the length of
+// its raw contents: `size_name`).
+void check_byte_size(const TensorHeader& header, std::size_t size, std::string_view size_name,
+                     const std::string& where) {
+  const std::size_t expected = header.numel * datatype_size(header.datatype);
+  if (size != expected) {
+    bad_request(fmt::format("{}: {} {} does not match shape {} of {} ({} bytes)", where, size_name, size,
+                            fmt::join(header.shape, "x"), datatype_name(header.datatype), expected));
+  }
+}
+
+at::Tensor copy_bytes(const TensorHeader& header, std::string_view bytes) {
+  at::Tensor out = allocate(header);
+  if (!bytes.empty()) std::memcpy(out.data_ptr(), bytes.data(), bytes.size());
+  return out;
+}
+
 // The tensor's data, from "data" or the binary section. Allocated only once the body is known
 // to hold that many values: `max_json_values` is what it can hold (every JSON value takes at
 // least one byte), so a small body declaring a huge shape cannot make us allocate it.
 at::Tensor read_data(const dom::object& tensor, const TensorHeader& header, BinarySection& binary,
                      std::size_t max_json_values, const std::string& where) {
-  const auto allocate = [&] {
-    return at::empty(header.shape, at::TensorOptions().dtype(scalar_type(header.datatype)));
-  };
   if (header.binary_data_size) {
-    std::size_t expected = header.numel * datatype_size(header.datatype);
-    if (*header.binary_data_size != expected) {
-      bad_request(fmt::format("{}: binary_data_size {} does not match shape {} of {} ({} bytes)", where,
-                              *header.binary_data_size, fmt::join(header.shape, "x"),
-                              datatype_name(header.datatype), expected));
-    }
-    std::string_view bytes = binary.take(expected, where);
-    at::Tensor out = allocate();
-    if (expected > 0) std::memcpy(out.data_ptr(), bytes.data(), expected);
-    return out;
+    check_byte_size(header, *header.binary_data_size, "binary_data_size", where);
+    return copy_bytes(header, binary.take(*header.binary_data_size, where));
   }
   if (header.numel > max_json_values) bad_request(fmt::format("{}: shape holds more values than the body", where));
   dom::array data = take(field(tensor, "data", where + ".data").get_array(), where + ".data");
-  at::Tensor out = allocate();
+  at::Tensor out = allocate(header);
   std::size_t written = 0;
   with_element_type(header.datatype, [&](auto tag) {
     using T = decltype(tag);
@@ -246,11 +254,31 @@ std::string spec_names(const Specs& specs) {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
-std::size_t spec_index(const std::vector<TensorSpec>& specs, std::string_view name) {
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    if (specs[i].name == name) return i;
+// Checks one input against the model's config and the request's other inputs, then puts the
+// tensor `read` makes into its place.
+template <typename Read>
+void place_input(const TensorHeader& header, const ModelConfig& config, const std::string& where,
+                 InferRequest& request, Read&& read) {
+  const std::size_t index = spec_index(config.inputs, header.name);
+  if (index == config.inputs.size()) {
+    bad_request(fmt::format("{}: unknown input '{}' (the model takes {})", where, header.name,
+                            spec_names(config.inputs)));
   }
-  return specs.size();
+  if (request.inputs[index].defined()) bad_request(fmt::format("input '{}' given twice", header.name));
+  check_against_spec(header, config.inputs[index], config);
+  if (request.batch_size != 0 && header.shape[0] != request.batch_size) {
+    bad_request(fmt::format("input '{}': batch of {} but other inputs have {}", header.name, header.shape[0],
+                            request.batch_size));
+  }
+  request.batch_size = header.shape[0];
+  request.inputs[index] = read(fmt::format("input '{}'", header.name));
+  check_finite(request.inputs[index], config.inputs[index]);
+}
+
+void expect_every_input(const ModelConfig& config, const InferRequest& request) {
+  for (std::size_t i = 0; i < config.inputs.size(); ++i) {
+    if (!request.inputs[i].defined()) bad_request(fmt::format("input '{}' is missing", config.inputs[i].name));
+  }
 }
 
 void read_inputs(const dom::array& inputs, const ModelConfig& config, BinarySection& binary, std::size_t json_length,
@@ -260,25 +288,12 @@ void read_inputs(const dom::array& inputs, const ModelConfig& config, BinarySect
   for (dom::element item : inputs) {
     const std::string where = fmt::format("inputs[{}]", position++);
     dom::object tensor = take(item.get_object(), where);
-    TensorHeader header = read_header(tensor, where);
-    std::size_t index = spec_index(config.inputs, header.name);
-    if (index == config.inputs.size()) {
-      bad_request(fmt::format("{}: unknown input '{}' (the model takes {})", where, header.name,
-                              spec_names(config.inputs)));
-    }
-    if (request.inputs[index].defined()) bad_request(fmt::format("input '{}' given twice", header.name));
-    check_against_spec(header, config.inputs[index], config);
-    if (request.batch_size != 0 && header.shape[0] != request.batch_size) {
-      bad_request(fmt::format("input '{}': batch of {} but other inputs have {}", header.name, header.shape[0],
-                              request.batch_size));
-    }
-    request.batch_size = header.shape[0];
-    request.inputs[index] = read_data(tensor, header, binary, json_length, fmt::format("input '{}'", header.name));
-    check_finite(request.inputs[index], config.inputs[index]);
+    const TensorHeader header = read_header(tensor, where);
+    place_input(header, config, where, request, [&](const std::string& input) {
+      return read_data(tensor, header, binary, json_length, input);
+    });
   }
-  for (std::size_t i = 0; i < config.inputs.size(); ++i) {
-    if (!request.inputs[i].defined()) bad_request(fmt::format("input '{}' is missing", config.inputs[i].name));
-  }
+  expect_every_input(config, request);
 }
 
 bool binary_data_flag(const dom::object& object, const std::string& where, std::string_view key) {
@@ -423,6 +438,14 @@ at::ScalarType scalar_type(DataType type) {
   return at::kFloat;
 }
 
+DataType datatype_of(at::ScalarType type) {
+  for (DataType candidate : {DataType::BOOL, DataType::UINT8, DataType::INT8, DataType::INT16, DataType::INT32,
+                             DataType::INT64, DataType::FP16, DataType::FP32, DataType::FP64}) {
+    if (scalar_type(candidate) == type) return candidate;
+  }
+  throw Error(fmt::format("serve: tensors of {} have no Open Inference Protocol datatype", at::toString(type)));
+}
+
 InferRequest parse_infer_request(std::string& body, std::optional<std::size_t> json_length,
                                  const ModelConfig& config) {
   std::size_t json_size = checked_json_length(body, json_length);
@@ -442,6 +465,48 @@ InferRequest parse_infer_request(std::string& body, std::optional<std::size_t> j
   binary.expect_consumed();
   read_requested_outputs(optional_field(root, "outputs"), all_binary, config, request);
   return request;
+}
+
+InferRequest make_infer_request(const TensorRequest& tensors, const ModelConfig& config) {
+  InferRequest request;
+  request.id = tensors.id;
+  request.inputs.assign(config.inputs.size(), at::Tensor());
+  for (std::size_t i = 0; i < tensors.inputs.size(); ++i) {
+    const RawTensor& raw = tensors.inputs[i];
+    const std::string where = fmt::format("inputs[{}]", i);
+    TensorHeader header;
+    header.name = raw.name;
+    set_datatype(header, raw.datatype, where);
+    for (const int64_t dim : raw.shape) {
+      if (dim < 0) bad_request(fmt::format("{}.shape: negative size {}", where, dim));
+      append_dim(header, static_cast<uint64_t>(dim), where);
+    }
+    place_input(header, config, where, request, [&](const std::string& input) {
+      check_byte_size(header, raw.bytes.size(), "raw_input_contents size", input);
+      return copy_bytes(header, raw.bytes);
+    });
+  }
+  expect_every_input(config, request);
+  std::vector<bool> wanted(config.outputs.size(), tensors.outputs.empty());
+  for (std::size_t i = 0; i < tensors.outputs.size(); ++i) {
+    const std::size_t index = spec_index(config.outputs, tensors.outputs[i]);
+    if (index == config.outputs.size()) {
+      bad_request(fmt::format("outputs[{}]: unknown output '{}' (the model has {})", i, tensors.outputs[i],
+                              spec_names(config.outputs)));
+    }
+    wanted[index] = true;
+  }
+  for (std::size_t i = 0; i < config.outputs.size(); ++i) {
+    if (wanted[i]) request.outputs.push_back({config.outputs[i].name, /*binary=*/true});
+  }
+  return request;
+}
+
+void Service::infer_tensors(std::string_view model, const TensorRequest&, TensorReplyCallback reply) {
+  TensorReply refused;
+  refused.status = 501;
+  refused.error = fmt::format("model '{}': this server takes no tensor requests", model);
+  reply(std::move(refused));
 }
 
 Reply encode_infer_response(const ModelConfig& config, const InferRequest& request,

@@ -274,6 +274,13 @@ std::optional<DataType> parse_datatype(std::string_view name) {
   return std::nullopt;
 }
 
+std::size_t spec_index(const std::vector<TensorSpec>& specs, std::string_view name) {
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].name == name) return i;
+  }
+  return specs.size();
+}
+
 std::size_t datatype_size(DataType type) {
   switch (type) {
     case DataType::BOOL:

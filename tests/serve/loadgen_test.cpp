@@ -16,8 +16,10 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/models/zoo.h"
+#include "afterburner/serve/grpc_server.h"
 #include "afterburner/serve/http_server.h"
 #include "cnn_repository.h"
+#include "proto/inference.pb.h"
 #include "running_server.h"
 #include "testing.h"
 
@@ -56,9 +58,16 @@ class DelayService : public Service {
   }
   Reply model_ready(std::string_view) const override { return {}; }
   void infer(std::string_view, std::string, std::optional<std::size_t>, ReplyCallback reply) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back({std::chrono::steady_clock::now() + delay_, std::move(reply)});
-    changed_.notify_all();
+    enqueue([reply = std::move(reply)](bool reject) {
+      reply(reject ? Reply{503, "application/json", R"({"error":"busy"})", {}} : Reply{});
+    });
+  }
+  void infer_tensors(std::string_view, const TensorRequest&, TensorReplyCallback reply) override {
+    enqueue([reply = std::move(reply)](bool reject) {
+      TensorReply answer;
+      answer.status = reject ? 503 : 200;
+      reply(std::move(answer));
+    });
   }
   std::string metrics() const override { return ""; }
 
@@ -68,8 +77,14 @@ class DelayService : public Service {
  private:
   struct Pending {
     std::chrono::steady_clock::time_point due;
-    ReplyCallback reply;
+    std::function<void(bool reject)> answer;
   };
+
+  void enqueue(std::function<void(bool reject)> answer) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back({std::chrono::steady_clock::now() + delay_, std::move(answer)});
+    changed_.notify_all();
+  }
 
   void reply_loop() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -83,7 +98,7 @@ class DelayService : public Service {
       bool reject = reject_every_ > 0 && (answered_ + 1) % reject_every_ == 0;
       rejected_ += reject;
       ++answered_;
-      next.reply(reject ? Reply{503, "application/json", R"({"error":"busy"})", {}} : Reply{});
+      next.answer(reject);
       lock.lock();
     }
   }
@@ -122,6 +137,11 @@ TEST(Loadgen, ParsesUrls) {
   EXPECT_EQ(plain.host, "127.0.0.1");
   EXPECT_EQ(plain.port, 8123);
   EXPECT_EQ(parse_url("http://10.0.0.2/").port, 80);
+  EXPECT_EQ(plain.protocol, Protocol::http);
+  Endpoint grpc = parse_url("grpc://127.0.0.1:9001");
+  EXPECT_EQ(grpc.port, 9001);
+  EXPECT_EQ(grpc.protocol, Protocol::grpc);
+  EXPECT_EQ(parse_url("grpc://10.0.0.2").port, 8001);
   for (std::string bad : {"127.0.0.1:8000", "http://localhost:8000", "http://127.0.0.1:", "http://127.0.0.1:99999",
                           "http://127.0.0.1:80a"}) {
     EXPECT_TRUE(Contains(error_message<UsageError>([&] { parse_url(bad); }), "--url: '" + bad + "'")) << bad;
@@ -144,6 +164,32 @@ TEST(Loadgen, SampleBodyFollowsTheMetadata) {
   for (const auto& x : ids["data"]) EXPECT_TRUE(x.is_number_integer() && x >= 0 && x < 10);
   EXPECT_EQ(sample_infer_body(metadata, 5), sample_infer_body(metadata, 5));
   EXPECT_NE(sample_infer_body(metadata, 5), sample_infer_body(metadata, 6));
+}
+
+// The binary and gRPC samples carry sample_inputs' bytes, as the JSON one carries its values.
+TEST(Loadgen, BinaryAndGrpcSamplesCarryTheSampleInputs) {
+  const std::string metadata = R"({"name":"cnn","inputs":[{"name":"image","datatype":"FP32","shape":[-1,1,2,3]},
+                                                           {"name":"ids","datatype":"INT64","shape":[4]}]})";
+  const auto inputs = sample_inputs(metadata, 5);
+  ASSERT_EQ(inputs.size(), 2u);
+  const auto bytes_of = [](const at::Tensor& t) { return std::string(static_cast<const char*>(t.data_ptr()), t.nbytes()); };
+  const auto [binary, json_length] = sample_binary_body(metadata, 5);
+  EXPECT_EQ(binary.substr(json_length), bytes_of(inputs[0].second) + bytes_of(inputs[1].second));
+  const auto json = nlohmann::json::parse(binary.substr(0, json_length));
+  EXPECT_EQ(json["inputs"][1]["parameters"]["binary_data_size"], 32);
+  EXPECT_EQ(json["parameters"]["binary_data_output"], true);
+
+  inference::ModelInferRequest grpc;
+  ASSERT_TRUE(grpc.ParseFromString(sample_grpc_request("cnn", metadata, 5)));
+  EXPECT_EQ(grpc.model_name(), "cnn");
+  ASSERT_EQ(grpc.inputs_size(), 2);
+  EXPECT_EQ(grpc.inputs(1).name(), "ids");
+  EXPECT_EQ(grpc.inputs(1).datatype(), "INT64");
+  EXPECT_EQ(std::vector<int64_t>(grpc.inputs(0).shape().begin(), grpc.inputs(0).shape().end()),
+            (std::vector<int64_t>{1, 1, 2, 3}));
+  ASSERT_EQ(grpc.raw_input_contents_size(), 2);
+  EXPECT_EQ(grpc.raw_input_contents(0), bytes_of(inputs[0].second));
+  EXPECT_EQ(grpc.raw_input_contents(1), bytes_of(inputs[1].second));
 }
 
 TEST(Loadgen, UnusableMetadataNamesTheProblem) {
@@ -283,6 +329,41 @@ TEST(Loadgen, OpenLoopLatencyCountsFromTheScheduledTime) {
   EXPECT_GE(result.latency.max_ms, bound_ms);
 }
 
+Endpoint grpc_endpoint(const GrpcServer& server) { return {"127.0.0.1", server.port(), Protocol::grpc}; }
+
+TEST(Loadgen, GrpcClosedLoopCountsEveryAnswerByStatus) {
+  DelayService service(1ms, /*reject_every=*/4);
+  GrpcServer server(service, GrpcOptions().port(0));
+  const std::string request = sample_grpc_request("m", service.model_metadata("m").body, 3);
+  LoadResult result =
+      run_load(LoadOptions(grpc_endpoint(server)).body(request).concurrency(3).threads(2).duration_seconds(0.3));
+  ASSERT_GT(result.requests, 0u);
+  EXPECT_EQ(result.requests, service.answered());
+  EXPECT_EQ(result.statuses[503], service.rejected());  // UNAVAILABLE
+  EXPECT_EQ(result.accepted, service.answered() - service.rejected());
+  EXPECT_EQ(result.timeouts, 0u);
+}
+
+TEST(Loadgen, GrpcCallsTimeOut) {
+  DelayService service(300ms);
+  GrpcServer server(service, GrpcOptions().port(0));
+  const std::string request = sample_grpc_request("m", service.model_metadata("m").body, 3);
+  LoadResult result = run_load(
+      LoadOptions(grpc_endpoint(server)).body(request).concurrency(2).duration_seconds(0.2).timeout(50ms));
+  EXPECT_EQ(result.requests, 0u);
+  EXPECT_GE(result.timeouts, 4u);
+  EXPECT_LE(result.timeouts, 10u);
+}
+
+TEST(Loadgen, GrpcLoadIsClosedLoopAndTakesARequest) {
+  DelayService service(0ms);
+  GrpcServer server(service, GrpcOptions().port(0));
+  EXPECT_EQ(error_message<UsageError>([&] { run_load(LoadOptions(grpc_endpoint(server)).body("x").rate(10)); }),
+            "--rate: the gRPC load runs closed loop only");
+  EXPECT_EQ(error_message<UsageError>([&] { run_load(LoadOptions(grpc_endpoint(server)).body("\x01")); }),
+            "--input: not a serialized inference.ModelInferRequest");
+}
+
 TEST(Loadgen, RefusedConnectionsAreErrors) {
   int port;
   {
@@ -359,24 +440,35 @@ class CliProcess {
 TEST(ServeAndLoadgenCommands, ServeAnswersLoadAndStopsOnSigterm) {
   TempDir dir;
   serve::testing::write_cnn_model(dir / "models", models::make_model("cnn"), serve::testing::cnn_config(8, "[8]", 1000));
-  CliProcess serve({"serve", "--repo", (dir / "models").string(), "--port", "0"}, dir / "serve.log");
+  CliProcess serve({"serve", "--repo", (dir / "models").string(), "--port", "0", "--grpc-port", "0"},
+                   dir / "serve.log");
   std::string log = serve.wait_for("on http://127.0.0.1:");
   std::size_t at = log.find("on http://127.0.0.1:");
   ASSERT_NE(at, std::string::npos) << log;
   std::string url = log.substr(at + 3, log.find('\n', at) - at - 3);
   EXPECT_TRUE(Contains(http_get(parse_url(url), "/v2/health/live"), "true"));
+  at = log.find("gRPC on ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string grpc_url = "grpc://" + log.substr(at + 8, log.find('\n', at) - at - 8);
 
-  auto run = afterburner::testing::run_cli(
-      {"loadgen", "--url", url, "--model", "cnn", "--concurrency", "1,3", "--duration", "0.5", "--json"});
-  ASSERT_EQ(run.exit_code, 0) << run.err;
-  auto report = nlohmann::json::parse(run.out);
-  ASSERT_EQ(report.size(), 2u);
-  EXPECT_EQ(report[0]["concurrency"], 1);
-  EXPECT_EQ(report[1]["concurrency"], 3);
-  for (const auto& result : report) {
-    EXPECT_GT(result["requests"].get<int>(), 0);
-    EXPECT_EQ(result["statuses"], nlohmann::json({{"200", result["requests"]}}));
-    EXPECT_EQ(result["connection_errors"], 0);
+  // JSON and binary over HTTP, and gRPC: every request answered 200.
+  for (const auto& protocol : std::vector<std::vector<std::string>>{{url}, {url, "--binary"}, {grpc_url}}) {
+    std::vector<std::string> args{"loadgen", "--model", "cnn", "--concurrency", "1,3", "--duration", "0.5", "--json",
+                                  "--url"};
+    args.insert(args.end(), protocol.begin(), protocol.end());
+    auto run = afterburner::testing::run_cli(args);
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    auto report = nlohmann::json::parse(run.out);
+    ASSERT_EQ(report.size(), 2u);
+    EXPECT_EQ(report[0]["concurrency"], 1);
+    EXPECT_EQ(report[1]["concurrency"], 3);
+    for (const auto& result : report) {
+      EXPECT_GT(result["requests"].get<int>(), 0) << protocol.back();
+      EXPECT_EQ(result["statuses"], nlohmann::json({{"200", result["requests"]}})) << protocol.back();
+      EXPECT_EQ(result["accepted"], result["requests"]);
+      EXPECT_EQ(result["timeouts"], 0);
+      EXPECT_EQ(result["connection_errors"], 0);
+    }
   }
   EXPECT_EQ(serve.terminate(), 0);
   EXPECT_TRUE(Contains(afterburner::testing::read_file(dir / "serve.log"), "afterburner: stopped"));
@@ -395,7 +487,10 @@ TEST(ServeAndLoadgenCommands, SigtermWhileLoadingStillExitsCleanly) {
 TEST(ServeAndLoadgenCommands, LoadgenBadInputNamesIt) {
   auto bad_url = afterburner::testing::run_cli({"loadgen", "--model", "cnn", "--url", "localhost:8000"});
   EXPECT_EQ(bad_url.exit_code, 2);
-  EXPECT_TRUE(Contains(bad_url.err, "afterburner: --url: 'localhost:8000' does not start with http://"));
+  EXPECT_TRUE(Contains(bad_url.err, "afterburner: --url: 'localhost:8000' does not start with http:// or grpc://"));
+  auto binary_grpc = afterburner::testing::run_cli({"loadgen", "--model", "cnn", "--url", "grpc://127.0.0.1:1", "--binary"});
+  EXPECT_EQ(binary_grpc.exit_code, 2);
+  EXPECT_TRUE(Contains(binary_grpc.err, "afterburner: --binary: is for http:// servers"));
   auto no_file = afterburner::testing::run_cli({"loadgen", "--model", "cnn", "--input", "/nonexistent/body.json"});
   EXPECT_EQ(no_file.exit_code, 1);
   EXPECT_TRUE(Contains(no_file.err, "afterburner: /nonexistent/body.json: no such request body file"));

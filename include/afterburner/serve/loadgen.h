@@ -12,6 +12,8 @@
 // (rate > 0): requests are scheduled at Poisson arrival times, whatever the server does, and
 // sent on the first free connection; latency counts from the scheduled time, so a stalled
 // server shows up in the percentiles instead of slowing the load (no coordinated omission).
+// Against a grpc:// server the requests are KServe v2 ModelInfer calls (closed loop only),
+// multiplexed on one HTTP/2 connection per client thread.
 // A request unanswered after `timeout` counts as a timeout: its connection is closed, as a client
 // giving up would, and opened again for the next request. With threads > 1 the connections (and
 // the arrivals) are shared out over that many client threads, for loads one thread cannot drive.
@@ -22,34 +24,55 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 namespace afterburner::serve {
+
+enum class Protocol { http, grpc };
 
 struct Endpoint {
   std::string host = "127.0.0.1";
   int port = 8000;
+  Protocol protocol = Protocol::http;  // from the URL's scheme
 };
 
-// "http://HOST[:PORT][/]" with HOST an IP address; throws UsageError("--url", ...) otherwise.
+// "http://HOST[:PORT][/]" or "grpc://HOST[:PORT]" with HOST an IP address (ports 80 and 8001 if
+// none); throws UsageError("--url", ...) otherwise.
 Endpoint parse_url(const std::string& url);
 
 // One GET; returns the body of a 200 response, throws afterburner::Error naming the URL otherwise.
 std::string http_get(const Endpoint& server, const std::string& target);
 
-// An Open Inference Protocol infer request for one sample of every input in `model_metadata`
-// (GET /v2/models/{name}): variable dimensions (-1) become 1, data uniform in [0, 1) for
-// floating point inputs and in [0, 10) for integer ones. Throws UsageError("metadata", ...)
-// when the metadata has no inputs or an unsupported datatype.
+// GET /v2/models/{model}'s JSON, asked of a gRPC server (ModelMetadata); throws afterburner::Error
+// naming the server and the status otherwise.
+std::string grpc_model_metadata(const Endpoint& server, const std::string& model);
+
+// One sample of every input in `model_metadata` (GET /v2/models/{name}): variable dimensions
+// (-1) become 1, data uniform in [0, 1) for floating point inputs and in [0, 10) for integer
+// ones. Throws UsageError("metadata", ...) when the metadata has no inputs or an unsupported
+// datatype.
+std::vector<std::pair<std::string, at::Tensor>> sample_inputs(const std::string& model_metadata, std::uint64_t seed);
+
+// sample_inputs as an Open Inference Protocol infer request: JSON, the binary extension (every
+// input and output binary; its JSON length is the request's Inference-Header-Content-Length),
+// or a serialized gRPC ModelInferRequest (raw contents) for `model`.
 std::string sample_infer_body(const std::string& model_metadata, std::uint64_t seed);
+std::pair<std::string, std::size_t> sample_binary_body(const std::string& model_metadata, std::uint64_t seed);
+std::string sample_grpc_request(const std::string& model, const std::string& model_metadata, std::uint64_t seed);
 
 struct LoadOptions {
   explicit LoadOptions(Endpoint server) : server_(std::move(server)) {}
   TORCH_ARG(Endpoint, server);
   TORCH_ARG(std::string, target) = "/v2/health/live";
-  // POSTed as application/json when not empty; otherwise the requests are GETs.
+  // http: POSTed when not empty (otherwise the requests are GETs), as application/json, or with
+  // json_length as the binary extension. A grpc:// server: a serialized inference.ModelInferRequest.
   TORCH_ARG(std::string, body);
+  TORCH_ARG(std::optional<std::size_t>, json_length);
   // Connections; in open loop, the most requests outstanding at once.
   TORCH_ARG(int, concurrency) = 1;
   TORCH_ARG(double, duration_seconds) = 10;

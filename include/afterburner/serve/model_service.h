@@ -53,6 +53,7 @@ class ModelService : public Service {
              ReplyCallback reply) override;
   void infer_images(std::string_view model, std::vector<std::string> images, int64_t top_k,
                     ReplyCallback reply) override;
+  void infer_tensors(std::string_view model, const TensorRequest& request, TensorReplyCallback reply) override;
   std::string metrics() const override;
 
  private:

@@ -57,13 +57,18 @@ struct InferRequest {
 InferRequest parse_infer_request(std::string& body, std::optional<std::size_t> json_length,
                                  const ModelConfig& config);
 
+// The same checks for a request whose tensors come as bytes (gRPC): names, datatypes, shapes,
+// byte sizes, the outputs asked for. Throws RequestError(400) naming the input or output.
+InferRequest make_infer_request(const TensorRequest& request, const ModelConfig& config);
+
 // {"model_name", "id", "outputs": [...]}; binary outputs follow the JSON, whose length the reply
 // carries in its Inference-Header-Content-Length header. `outputs` in the config's output order.
 Reply encode_infer_response(const ModelConfig& config, const InferRequest& request,
                             const std::vector<at::Tensor>& outputs);
 
-// The LibTorch element type of a datatype.
+// The LibTorch element type of a datatype, and back (throws Error for a type with no datatype).
 at::ScalarType scalar_type(DataType type);
+DataType datatype_of(at::ScalarType type);
 
 // {"error": message} with the given status.
 Reply error_reply(int status, std::string_view message);

@@ -34,6 +34,9 @@ struct TensorSpec {
   bool allow_non_finite = true;
 };
 
+// The position of the spec named `name`, specs.size() if none is.
+std::size_t spec_index(const std::vector<TensorSpec>& specs, std::string_view name);
+
 // An input that takes encoded images (format = "image" on the model's one [[input]], FP32 of
 // dims [C, S, S], C 1 or 3): each JPEG or PNG decoded, resized and centre-cropped to S as
 // `transforms` says (data/image_transforms.h; a training list stands for its evaluation

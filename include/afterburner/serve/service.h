@@ -1,12 +1,15 @@
-// The seam between the HTTP layer and the models: one call per Open Inference Protocol v2
-// route. The HTTP server (serve/http_server.h) parses requests and writes replies and never
-// looks inside a tensor; a Service (serve/model_service.h) owns the models, the batchers and
-// the metrics and never touches a socket.
+// The seam between the protocol front ends and the models: one call per Open Inference Protocol
+// v2 route. The HTTP server (serve/http_server.h) parses requests and writes replies and never
+// looks inside a tensor; the gRPC server (serve/grpc_server.h) hands tensors over as bytes
+// (infer_tensors); a Service (serve/model_service.h) owns the models, the batchers and the
+// metrics and never touches a socket.
 //
 //   afterburner::serve::ModelService models(afterburner::serve::load_repository("models/"));
 //   afterburner::serve::HttpServer server(models, afterburner::serve::HttpOptions().port(8000));
 //   server.run();                       // until stop() or SIGTERM
 #pragma once
+
+#include <ATen/core/Tensor.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +32,31 @@ struct Reply {
 // Called exactly once per request, possibly from another thread.
 using ReplyCallback = std::function<void(Reply)>;
 
+// An input tensor as bytes: its elements flattened, row-major, little-endian.
+struct RawTensor {
+  std::string name;
+  std::string datatype;  // "FP32", "INT64", ...
+  std::vector<int64_t> shape;
+  std::string_view bytes;
+};
+
+// An inference request whose tensors arrive as bytes, not in an HTTP body (gRPC's ModelInfer).
+struct TensorRequest {
+  std::string id;                    // echoed in the reply
+  std::vector<RawTensor> inputs;
+  std::vector<std::string> outputs;  // the outputs wanted, in the model's order; empty: all
+};
+
+struct TensorReply {
+  int status = 200;  // else an HTTP status (400, 404, 503, 504, 500, 501) with `error`
+  std::string error;
+  std::string model_name;
+  std::string id;
+  std::vector<std::pair<std::string, at::Tensor>> outputs;  // contiguous, in the model's order
+};
+
+using TensorReplyCallback = std::function<void(TensorReply)>;
+
 class Service {
  public:
   virtual ~Service() = default;
@@ -47,6 +75,9 @@ class Service {
   // classes. A service without image inputs answers 415.
   virtual void infer_images(std::string_view model, std::vector<std::string> images, int64_t top_k,
                             ReplyCallback reply);
+  // ModelInfer over gRPC. The request's bytes are read before this returns. A service that
+  // does not override it answers 501.
+  virtual void infer_tensors(std::string_view model, const TensorRequest& request, TensorReplyCallback reply);
   virtual std::string metrics() const = 0;  // GET /metrics, Prometheus text format
 };
 
