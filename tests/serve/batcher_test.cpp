@@ -152,16 +152,20 @@ TEST(Batcher, AFullQueueRefusesAtOnce) {
   ModelConfig config = affine_config();
   config.max_queue_size = 2;
   Batcher batcher(config, {model.runner()}, metrics);
+  EXPECT_EQ(batcher.refusal(), std::nullopt);
   auto first = submit(batcher, torch::randn({1, 3}));
   auto second = submit(batcher, torch::randn({1, 3}));
+  // What submit would answer, asked before a request is parsed (ModelService::infer).
+  EXPECT_EQ(batcher.refusal(), "model 'affine': queue full (2 requests)");
   auto refused = submit(batcher, torch::randn({1, 3}));
   ASSERT_EQ(refused.wait_for(std::chrono::seconds(0)), std::future_status::ready);  // answered inside submit
   BatchResult result = refused.get();
   EXPECT_EQ(result.status, 503);
-  EXPECT_TRUE(Contains(result.error, "model 'affine': queue full (2 requests)"));
+  EXPECT_EQ(result.error, "model 'affine': queue full (2 requests)");
   batcher.shutdown();
   EXPECT_EQ(wait(first).status, 200);
   EXPECT_EQ(wait(second).status, 200);
+  EXPECT_EQ(batcher.refusal(), "model 'affine' is shutting down");
 }
 
 TEST(Batcher, BatchesAboveTheMaximumAreRefused) {

@@ -126,6 +126,27 @@ TEST(ModelService, BadRequestsAnswerWithAnErrorAndCountAsFailures) {
   EXPECT_TRUE(Contains(service.metrics(), "afterburner_request_failure_total{model=\"cnn\"} 2\n"));
 }
 
+// Shedding load costs no parsing: with the queue full, even a body that is no JSON (or a tensor
+// request) gets the 503, and the queued request is still answered.
+TEST(ModelService, AFullQueueRefusesBeforeParsing) {
+  // One request fills the queue; a batch waits for 8 samples or an hour.
+  CnnRepository repository("max_queue_size = 1\n" + testing::cnn_config(8, "[8]", 3'600'000'000));
+  std::promise<Reply> queued;
+  {
+    ModelService service(repository.dir.path().string());
+    service.infer("cnn", encode_infer_request({{"input", torch::rand({1, 1, 28, 28})}}).body, std::nullopt,
+                  [&](Reply reply) { queued.set_value(std::move(reply)); });
+    Reply refused = infer(service, "cnn", "not JSON");
+    EXPECT_EQ(refused.status, 503);
+    EXPECT_EQ(nlohmann::json::parse(refused.body)["error"], "model 'cnn': queue full (1 requests)");
+    TensorReply tensor_refused;
+    service.infer_tensors("cnn", TensorRequest{}, [&](TensorReply reply) { tensor_refused = std::move(reply); });
+    EXPECT_EQ(tensor_refused.status, 503);
+    EXPECT_EQ(tensor_refused.error, "model 'cnn': queue full (1 requests)");
+  }  // shutting down runs the queued request
+  EXPECT_EQ(queued.get_future().get().status, 200);
+}
+
 TEST(ModelService, MetadataFollowsTheProtocol) {
   CnnRepository repository;
   ModelService service(repository.dir.path().string());
