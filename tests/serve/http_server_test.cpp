@@ -443,8 +443,8 @@ TEST(HttpServer, DeadlinesFollowEachRequestOfAKeepAliveConnection) {
   Response response = client.read_response();
   const auto waited = std::chrono::steady_clock::now() - stalled;
   EXPECT_EQ(response.status, 408);
-  EXPECT_GE(waited, std::chrono::milliseconds(190));  // not before the deadline (clock granularity aside)
-  EXPECT_LT(waited, std::chrono::seconds(5));         // and not lost
+  // Not before the deadline (clock granularity aside); a 408 never sent fails the read (SO_RCVTIMEO).
+  EXPECT_GE(waited, std::chrono::milliseconds(190));
 }
 
 TEST(HttpServer, IdleKeepAliveConnectionIsClosed) {

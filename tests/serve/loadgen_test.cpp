@@ -246,7 +246,8 @@ TEST(Loadgen, AcceptedLatencyLeavesOutTheRejections) {
   ASSERT_GE(result.accepted, 3u);
   ASSERT_GE(result.statuses[503], 3u);
   EXPECT_GE(result.accepted_latency.p50_ms, 30);
-  EXPECT_LT(result.latency.p50_ms, 30);  // two answers in three are immediate 503s
+  // Two answers in three are immediate 503s: the median of all answers is one of them.
+  EXPECT_GT(result.accepted_latency.p50_ms, result.latency.p50_ms);
 }
 
 // A 300 ms service and a 50 ms timeout: each request is given up, its connection closed and a
