@@ -3,13 +3,15 @@
 // Linear(3136,128)-ReLU-Linear(128,10)), torch.jit.script'ed and saved by Python, in a model
 // repository with the README's config.toml, served by the real `afterburner serve` executable
 // on loopback. Every answer must be within 1e-5 absolute + 1e-5 relative of PyTorch's: at batch
-// sizes 1, 2, 7 and 64, over JSON and binary tensors, after 100 rounds of requests, and for
+// sizes 1, 2, 7 and 64, over JSON and binary tensors and gRPC, after 100 rounds of requests, and for
 // single-sample requests from concurrent clients that the server batches dynamically.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
+#include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <cstring>
 #include <regex>
 #include <thread>
 
@@ -17,6 +19,7 @@
 #include "cnn_repository.h"
 #include "http_client.h"
 #include "infer/user_models.h"
+#include "proto/inference.grpc.pb.h"
 #include "server_process.h"
 #include "testing.h"
 
@@ -46,7 +49,7 @@ TEST(ServedPythonCnn, EveryAnswerIsPyTorchsAtEveryBatchSizeAfterAnyNumberOfReque
   std::filesystem::create_directories(repository / "cnn");
   std::filesystem::copy_file(cnn.file, repository / "cnn" / "model.pt");
   afterburner::testing::write_file(repository / "cnn" / "config.toml", testing::cnn_config());  // the README's
-  testing::ServerProcess server({"serve", "--repo", repository.path().string(), "--port", "0"});
+  testing::ServerProcess server({"serve", "--repo", repository.path().string(), "--port", "0", "--grpc-port", "0"});
 
   // Batch sizes 1, 2, 7, 64, then 100 rounds of 1, 2 and 7, on one keep-alive connection.
   testing::HttpClient client(server.port());
@@ -59,6 +62,32 @@ TEST(ServedPythonCnn, EveryAnswerIsPyTorchsAtEveryBatchSizeAfterAnyNumberOfReque
         afterburner::testing::kExact);
     EXPECT_TRUE(check.passed) << (binary ? "binary: " : "JSON: ") << check.failure;
   }
+
+  // The same over gRPC's ModelInfer (raw contents), as Triton's and KServe's clients send it.
+  auto stub = inference::GRPCInferenceService::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(server.grpc_port()), grpc::InsecureChannelCredentials()));
+  auto over_grpc = [&](const std::vector<at::Tensor>& inputs) {
+    const at::Tensor images = inputs.at(0).contiguous();
+    inference::ModelInferRequest request;
+    request.set_model_name("cnn");
+    auto* input = request.add_inputs();
+    input->set_name("input");
+    input->set_datatype("FP32");
+    for (const int64_t size : images.sizes()) input->add_shape(size);
+    request.add_raw_input_contents(static_cast<const char*>(images.data_ptr()), images.nbytes());
+    inference::ModelInferResponse response;
+    grpc::ClientContext context;
+    const grpc::Status status = stub->ModelInfer(&context, request, &response);
+    if (!status.ok()) throw std::runtime_error("ModelInfer: " + status.error_message());
+    const std::string& bytes = response.raw_output_contents(0);
+    at::Tensor output = at::empty({images.size(0), 10});
+    if (bytes.size() != output.nbytes()) throw std::runtime_error("ModelInfer: output of the wrong size");
+    std::memcpy(output.data_ptr(), bytes.data(), bytes.size());
+    return std::vector<at::Tensor>{output};
+  };
+  auto grpc_check = afterburner::testing::check_path(cnn, "afterburner serve (README config), gRPC", over_grpc,
+                                                     afterburner::testing::kExact);
+  EXPECT_TRUE(grpc_check.passed) << "gRPC: " << grpc_check.failure;
 
   // Single samples from 8 clients at once, 128 requests: the server batches them as it likes,
   // each answer is still its sample's row of Python's batch of 64.

@@ -51,6 +51,9 @@ ServerProcess::ServerProcess(const std::vector<std::string>& args, std::chrono::
     printed.append(chunk, static_cast<size_t>(n));
   }
   port_ = std::stoi(match[1]);
+  if (std::regex_search(printed, match, std::regex("afterburner: gRPC on [0-9.]+:([0-9]+)"))) {
+    grpc_port_ = std::stoi(match[1]);
+  }
 }
 
 ServerProcess::~ServerProcess() { stop(); }

@@ -26,6 +26,8 @@ class ServerProcess {
   ServerProcess& operator=(const ServerProcess&) = delete;
 
   int port() const { return port_; }
+  // With --grpc-port: the gRPC port its "afterburner: gRPC on <host>:<port>" line named; else 0.
+  int grpc_port() const { return grpc_port_; }
   // SIGTERM, then waits for the exit (SIGKILL after 60 s); returns the exit code, 128 + signal
   // if killed. Later calls return the same code.
   int stop();
@@ -34,6 +36,7 @@ class ServerProcess {
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
   int port_ = 0;
+  int grpc_port_ = 0;
   int exit_code_ = -1;
 };
 
