@@ -90,30 +90,33 @@ class GrpcRun {
     auto call = std::make_shared<Call>();
     call->context.set_deadline(std::chrono::system_clock::now() + options_.timeout());  // gRPC takes system time
     stub_->async()->ModelInfer(&call->context, &request_, &call->response,
-                               [this, call](grpc::Status status) { answered(*call, status); });
+                               [this, call](grpc::Status status) mutable { answered(std::move(call), status); });
   }
 
-  // On one of gRPC's threads.
-  void answered(const Call& call, const grpc::Status& status) {
+  // On one of gRPC's threads. The call is released here, before `run` can return: its context
+  // holds the channel, and a channel destroyed on gRPC's own callback thread would join that
+  // very thread. The notification is sent under the lock, so `run` cannot return (and destroy
+  // the condition variable) while it is being sent.
+  void answered(std::shared_ptr<Call> call, const grpc::Status& status) {
     const Clock::time_point now = Clock::now();
-    bool again;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      const int code = counted_status(status);
-      if (code == 0) {
-        ++samples_.timeouts;
-      } else {
-        const double latency_ms = std::chrono::duration<double, std::milli>(now - call.started).count();
-        samples_.latencies_ms.push_back(latency_ms);
-        if (code == 200) samples_.accepted_ms.push_back(latency_ms);
-        ++samples_.statuses[code];
-        last_answer_ = now;
-      }
-      again = now < deadline_;
-      if (!again) --in_flight_;
+    const Clock::time_point started = call->started;
+    call.reset();
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int code = counted_status(status);
+    if (code == 0) {
+      ++samples_.timeouts;
+    } else {
+      const double latency_ms = std::chrono::duration<double, std::milli>(now - started).count();
+      samples_.latencies_ms.push_back(latency_ms);
+      if (code == 200) samples_.accepted_ms.push_back(latency_ms);
+      ++samples_.statuses[code];
+      last_answer_ = now;
     }
-    if (again) return send();
-    finished_.notify_all();
+    if (now < deadline_) {
+      lock.unlock();
+      return send();
+    }
+    if (--in_flight_ == 0) finished_.notify_all();
   }
 
   const LoadOptions options_;
