@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "afterburner/core/error.h"
 #include "afterburner/core/file_limit.h"
@@ -27,6 +28,9 @@ struct ServeArgs {
   std::string host = "127.0.0.1";
   int port = 8000;
   int grpc_port = -1;  // none
+  std::string model_control = "none";
+  double poll_seconds = 15;
+  std::vector<std::string> load_models;
   int io_threads = 1;
   int intra_op_threads = 1;
   bool batching = true;
@@ -114,9 +118,14 @@ int serve(const ServeArgs& args) {
   // Each batch's activations would otherwise be fresh, zero-filled mappings (core/heap.h).
   if (args.keep_freed_memory) keep_freed_memory();
   std::cout << "afterburner: loading " << args.repo << std::endl;
-  serve::ModelService models(args.repo, serve::ModelServiceOptions()
-                                            .intra_op_threads(args.intra_op_threads)
-                                            .dynamic_batching(args.batching));
+  serve::ModelService models(args.repo,
+                             serve::ModelServiceOptions()
+                                 .intra_op_threads(args.intra_op_threads)
+                                 .dynamic_batching(args.batching)
+                                 .model_control(serve::parse_model_control(args.model_control))
+                                 .poll_interval(milliseconds(args.poll_seconds))
+                                 .load_models(args.load_models)
+                                 .log([](const std::string& line) { std::cerr << "afterburner: " << line << std::endl; }));
   serve::HttpServer server(models, serve::HttpOptions()
                                        .host(args.host)
                                        .port(args.port)
@@ -143,12 +152,21 @@ int serve(const ServeArgs& args) {
 Command add_serve_command(CLI::App& app) {
   auto* sub = app.add_subcommand("serve", "serve a model repository over HTTP (Open Inference Protocol v2)");
   auto args = std::make_shared<ServeArgs>();
-  sub->add_option("--repo", args->repo, "model repository: DIR/<model>/config.toml and model.pt")->required();
+  sub->add_option("--repo", args->repo, "model repository: DIR/<model>/config.toml and model.pt (or <version>/model.pt)")->required();
   sub->add_option("--host", args->host, "address to listen on; anything but 127.0.0.1 exposes the server")
       ->capture_default_str();
   sub->add_option("--port", args->port, "port to listen on (0: any free one)")->capture_default_str();
   sub->add_option("--grpc-port", args->grpc_port,
                   "also serve KServe v2 gRPC on this port (0: any free one; default: HTTP only)");
+  sub->add_option("--model-control", args->model_control,
+                  "none: the repository's models load at start and stay; poll: models added, changed or removed "
+                  "in the repository are loaded, reloaded or unloaded; explicit: POST "
+                  "/v2/repository/models/NAME/load and /unload decide")
+      ->capture_default_str();
+  sub->add_option("--repository-poll-secs", args->poll_seconds, "seconds between reads of the repository (poll)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--load-model", args->load_models, "a model to load at start (explicit; repeatable)");
   sub->add_option("--io-threads", args->io_threads, "threads for the sockets")->capture_default_str();
   sub->add_option("--intra-op-threads", args->intra_op_threads, "LibTorch threads per forward")->capture_default_str();
   sub->add_flag("--batching,!--no-batching", args->batching,

@@ -14,7 +14,8 @@
 #include "proto/inference.grpc.pb.h"
 
 namespace afterburner::serve {
-namespace {
+// Named rather than anonymous: GrpcServer::Impl, which has linkage, holds an InferenceService.
+namespace grpc_detail {
 
 namespace pb = ::inference;
 
@@ -46,13 +47,6 @@ std::optional<nlohmann::json> json_of(const Reply& reply, grpc::Status& status) 
     return std::nullopt;
   }
   return body;
-}
-
-// A model serves one version, "1" (as GET /v2/models/{name} says): another is NOT_FOUND.
-std::optional<grpc::Status> version_refusal(const std::string& model, const std::string& version) {
-  if (version.empty() || version == "1") return std::nullopt;
-  return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                      fmt::format("model '{}' has no version '{}' (it serves version 1)", model, version));
 }
 
 // Typed values of type V as the little-endian elements T of `datatype`; an integer that T cannot
@@ -123,7 +117,7 @@ TensorRequest tensor_request(const pb::ModelInferRequest& request, std::vector<s
 
 void fill_response(TensorReply& reply, pb::ModelInferResponse& response) {
   response.set_model_name(reply.model_name);
-  response.set_model_version("1");
+  response.set_model_version(reply.model_version);
   response.set_id(reply.id);
   for (const auto& [name, tensor] : reply.outputs) {
     auto* output = response.add_outputs();
@@ -172,8 +166,7 @@ class InferenceService final : public pb::GRPCInferenceService::CallbackService 
 
   grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context, const pb::ModelReadyRequest* request,
                                        pb::ModelReadyResponse* response) override {
-    if (auto refused = version_refusal(request->name(), request->version())) return finished(context, *refused);
-    const Reply reply = service_.model_ready(request->name());
+    const Reply reply = service_.model_ready({request->name(), request->version()});
     if (reply.status == 404) {
       grpc::Status status;
       json_of(reply, status);
@@ -186,9 +179,8 @@ class InferenceService final : public pb::GRPCInferenceService::CallbackService 
   grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
                                           const pb::ModelMetadataRequest* request,
                                           pb::ModelMetadataResponse* response) override {
-    if (auto refused = version_refusal(request->name(), request->version())) return finished(context, *refused);
     grpc::Status status;
-    if (auto metadata = json_of(service_.model_metadata(request->name()), status)) {
+    if (auto metadata = json_of(service_.model_metadata({request->name(), request->version()}), status)) {
       response->set_name(metadata->value("name", ""));
       for (const auto& version : metadata->value("versions", nlohmann::json::array())) {
         response->add_versions(version.get<std::string>());
@@ -207,9 +199,6 @@ class InferenceService final : public pb::GRPCInferenceService::CallbackService 
   // Answered from the batcher's thread once the batch has run; gRPC keeps `response` until then.
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context, const pb::ModelInferRequest* request,
                                        pb::ModelInferResponse* response) override {
-    if (auto refused = version_refusal(request->model_name(), request->model_version())) {
-      return finished(context, *refused);
-    }
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     std::vector<std::string> owned;
     TensorRequest tensors;
@@ -219,7 +208,7 @@ class InferenceService final : public pb::GRPCInferenceService::CallbackService 
       reactor->Finish(status_of(e.status(), e.what()));
       return reactor;
     }
-    service_.infer_tensors(request->model_name(), tensors, [reactor, response](TensorReply reply) {
+    service_.infer_tensors({request->model_name(), request->model_version()}, tensors, [reactor, response](TensorReply reply) {
       if (reply.status != 200) return reactor->Finish(status_of(reply.status, reply.error));
       try {
         fill_response(reply, *response);
@@ -242,7 +231,7 @@ class InferenceService final : public pb::GRPCInferenceService::CallbackService 
   serve::Service& service_;
 };
 
-}  // namespace
+}  // namespace grpc_detail
 
 struct GrpcServer::Impl {
   Impl(Service& service, const GrpcOptions& options) : inference(service) {
@@ -267,7 +256,7 @@ struct GrpcServer::Impl {
     std::call_once(stopped, [this] { server->Shutdown(); });
   }
 
-  InferenceService inference;
+  grpc_detail::InferenceService inference;
   int port = 0;
   std::unique_ptr<grpc::Server> server;
   std::once_flag stopped;

@@ -41,27 +41,63 @@ constexpr std::chrono::milliseconds kLingerTimeout{1000};
 std::string_view view(beast::string_view text) { return {text.data(), text.size()}; }
 
 struct Route {
-  enum Kind { not_found, live, ready, server_metadata, model_metadata, model_ready, infer, metrics } kind;
+  enum Kind {
+    not_found, live, ready, server_metadata, model_metadata, model_ready, infer, metrics,
+    repository_index, load, unload  // model control (Triton's repository extension)
+  };
+  Route(Kind route, std::string_view model_name = {}, std::string_view model_version = {})
+      : kind(route), model(model_name), version(model_version) {}
+
+  Kind kind;
   std::string_view model;
+  std::string_view version;
+
+  // The routes that act rather than read.
+  bool takes_post() const { return kind == infer || kind == repository_index || kind == load || kind == unload; }
 };
 
+// The first path segment of `rest` (up to '/' or the end), removed from `rest`.
+std::string_view take_segment(std::string_view& rest) {
+  const std::size_t slash = rest.find('/');
+  const std::string_view segment = rest.substr(0, slash);
+  rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
+  return segment;
+}
+
+bool remove_prefix(std::string_view& text, std::string_view prefix) {
+  if (text.substr(0, prefix.size()) != prefix) return false;
+  text.remove_prefix(prefix.size());
+  return true;
+}
+
+// /v2/models/{name}[/versions/{version}][/ready|/infer] and
+// /v2/repository/index, /v2/repository/models/{name}/load|unload.
 Route match_route(std::string_view target) {
   std::string_view path = target.substr(0, target.find('?'));
-  if (path == "/v2/health/live") return {Route::live, {}};
-  if (path == "/v2/health/ready") return {Route::ready, {}};
-  if (path == "/v2") return {Route::server_metadata, {}};
-  if (path == "/metrics") return {Route::metrics, {}};
-  constexpr std::string_view models = "/v2/models/";
-  if (path.substr(0, models.size()) != models) return {Route::not_found, {}};
-  std::string_view rest = path.substr(models.size());
-  std::size_t slash = rest.find('/');
-  std::string_view model = rest.substr(0, slash);
-  if (model.empty()) return {Route::not_found, {}};
-  if (slash == std::string_view::npos) return {Route::model_metadata, model};
-  std::string_view action = rest.substr(slash);
-  if (action == "/ready") return {Route::model_ready, model};
-  if (action == "/infer") return {Route::infer, model};
-  return {Route::not_found, {}};
+  if (path == "/v2/health/live") return {Route::live};
+  if (path == "/v2/health/ready") return {Route::ready};
+  if (path == "/v2") return {Route::server_metadata};
+  if (path == "/metrics") return {Route::metrics};
+  if (path == "/v2/repository/index") return {Route::repository_index};
+  if (remove_prefix(path, "/v2/repository/models/")) {
+    const std::string_view model = take_segment(path);
+    if (model.empty()) return {Route::not_found};
+    if (path == "/load") return {Route::load, model};
+    if (path == "/unload") return {Route::unload, model};
+    return {Route::not_found};
+  }
+  if (!remove_prefix(path, "/v2/models/")) return {Route::not_found};
+  const std::string_view model = take_segment(path);
+  if (model.empty()) return {Route::not_found};
+  std::string_view version;
+  if (remove_prefix(path, "/versions/")) {
+    version = take_segment(path);
+    if (version.empty()) return {Route::not_found};
+  }
+  if (path.empty()) return {Route::model_metadata, model, version};
+  if (path == "/ready") return {Route::model_ready, model, version};
+  if (path == "/infer") return {Route::infer, model, version};
+  return {Route::not_found};
 }
 
 // Inference-Header-Content-Length: the JSON part's length, which must fit in the body.
@@ -266,17 +302,18 @@ class Session : public std::enable_shared_from_this<Session> {
     if (route.kind == Route::not_found) {
       return write(error_reply(404, "no route for " + std::string(request.target())));
     }
-    http::verb method = route.kind == Route::infer ? http::verb::post : http::verb::get;
+    http::verb method = route.takes_post() ? http::verb::post : http::verb::get;
     if (request.method() != method) {
       Reply reply = error_reply(405, std::string(request.target()) + " takes " + std::string(http::to_string(method)));
       reply.headers.emplace_back("Allow", std::string(http::to_string(method)));
       return write(std::move(reply));
     }
-    if (route.kind == Route::infer) return infer(route.model, request);
-    write(answer_query(route));
+    if (route.kind == Route::infer) return infer({route.model, route.version}, request);
+    if (route.kind == Route::load || route.kind == Route::unload) return control(route);
+    write(answer_query(route, request));
   }
 
-  Reply answer_query(const Route& route) {
+  Reply answer_query(const Route& route, const Request& request) {
     Service& service = server_.service();
     try {
       switch (route.kind) {
@@ -285,8 +322,9 @@ class Session : public std::enable_shared_from_this<Session> {
         case Route::ready:
           return service.ready() ? Reply{200, "application/json", R"({"ready":true})", {}} : error_reply(503, "server is not ready");
         case Route::server_metadata: return service.server_metadata();
-        case Route::model_metadata: return service.model_metadata(route.model);
-        case Route::model_ready: return service.model_ready(route.model);
+        case Route::model_metadata: return service.model_metadata({route.model, route.version});
+        case Route::model_ready: return service.model_ready({route.model, route.version});
+        case Route::repository_index: return service.repository_index(request.body());
         case Route::metrics: {
           Reply reply;
           reply.content_type = "text/plain; version=0.0.4";
@@ -301,7 +339,18 @@ class Session : public std::enable_shared_from_this<Session> {
     return error_reply(500, "unhandled route");
   }
 
-  void infer(std::string_view model, Request& request) {
+  // Loading a model takes seconds: the service answers from its own thread.
+  void control(const Route& route) {
+    ReplyCallback reply = reply_callback();
+    try {
+      Service& service = server_.service();
+      route.kind == Route::load ? service.load_model(route.model, reply) : service.unload_model(route.model, reply);
+    } catch (const std::exception& e) {
+      reply(error_reply(500, e.what()));
+    }
+  }
+
+  void infer(ModelRef model, Request& request) {
     const std::string_view content_type = view(request[http::field::content_type]);
     if (is_image_content_type(content_type) || is_multipart_content_type(content_type)) {
       return infer_images(model, request, content_type);
@@ -325,7 +374,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // One image as the body, or the parts of a multipart body; ?top_k=K (default kTopClasses).
-  void infer_images(std::string_view model, Request& request, std::string_view content_type) {
+  void infer_images(ModelRef model, Request& request, std::string_view content_type) {
     constexpr int64_t kTopClasses = 5;
     ReplyCallback reply = reply_callback();
     try {

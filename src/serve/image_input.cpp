@@ -64,10 +64,6 @@ std::vector<double> probabilities(const at::Tensor& logits) {
 
 }  // namespace
 
-void Service::infer_images(std::string_view model, std::vector<std::string>, int64_t, ReplyCallback reply) {
-  reply(error_reply(415, fmt::format("model '{}' takes no images", model)));
-}
-
 bool is_image_content_type(std::string_view content_type) { return media_type(content_type).rfind("image/", 0) == 0; }
 
 bool is_multipart_content_type(std::string_view content_type) {

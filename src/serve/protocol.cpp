@@ -502,13 +502,6 @@ InferRequest make_infer_request(const TensorRequest& tensors, const ModelConfig&
   return request;
 }
 
-void Service::infer_tensors(std::string_view model, const TensorRequest&, TensorReplyCallback reply) {
-  TensorReply refused;
-  refused.status = 501;
-  refused.error = fmt::format("model '{}': this server takes no tensor requests", model);
-  reply(std::move(refused));
-}
-
 Reply encode_infer_response(const ModelConfig& config, const InferRequest& request,
                             const std::vector<at::Tensor>& outputs) {
   // JSON has no NaN or Infinity: such outputs travel only in the binary extension.

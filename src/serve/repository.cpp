@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <fstream>
 #include <utility>
 
@@ -300,11 +301,57 @@ int64_t ModelConfig::queue_capacity() const {
   return max_queue_size > 0 ? max_queue_size : 2 * max_batch_size * instances;
 }
 
-ModelConfig load_model_config(const fs::path& model_dir) {
+namespace {
+
+// A version directory's number, nullopt for any other name.
+std::optional<uint64_t> version_number(const fs::path& dir) {
+  const std::string name = dir.filename().string();
+  uint64_t number = 0;
+  auto [end, error] = std::from_chars(name.data(), name.data() + name.size(), number);
+  if (name.empty() || error != std::errc() || end != name.data() + name.size()) return std::nullopt;
+  return number;
+}
+
+// "path size modification-time" of `file`, or "path missing".
+std::string file_stamp(const fs::path& file) {
+  std::error_code error;
+  const auto size = fs::file_size(file, error);
+  if (error) return file.string() + " missing";
+  const auto modified = fs::last_write_time(file, error).time_since_epoch().count();
+  return fmt::format("{} {} {}", file.string(), size, modified);
+}
+
+}  // namespace
+
+std::string ModelFiles::stamp() const { return file_stamp(config_file) + "\n" + file_stamp(model_file); }
+
+ModelFiles locate_model_files(const fs::path& model_dir) {
+  ModelFiles files{model_dir.filename().string(), "1", model_dir / "config.toml", model_dir / "model.pt"};
+  std::optional<uint64_t> latest;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(model_dir, error)) {
+    const std::optional<uint64_t> number = entry.is_directory() ? version_number(entry.path()) : std::nullopt;
+    if (number && (!latest || *number > *latest)) {
+      latest = number;
+      files.version = entry.path().filename().string();
+    }
+  }
+  if (!latest) return files;
+  if (fs::exists(files.model_file)) {
+    throw DataError(model_dir.string(), "holds both model.pt and version directories: keep one layout");
+  }
+  files.model_file = model_dir / files.version / "model.pt";
+  return files;
+}
+
+ModelConfig load_model_config(const fs::path& model_dir) { return load_model_config(locate_model_files(model_dir)); }
+
+ModelConfig load_model_config(const ModelFiles& files) {
   ModelConfig config;
-  config.name = model_dir.filename().string();
-  config.config_file = model_dir / "config.toml";
-  config.model_file = model_dir / "model.pt";
+  config.name = files.name;
+  config.version = files.version;
+  config.config_file = files.config_file;
+  config.model_file = files.model_file;
   const std::string file = config.config_file.string();
   if (!fs::is_regular_file(config.config_file)) throw DataError(file, "no such model config");
   toml::table table;
@@ -340,15 +387,20 @@ ModelConfig load_model_config(const fs::path& model_dir) {
   return config;
 }
 
-Repository load_repository(const fs::path& dir) {
+std::vector<std::string> list_models(const fs::path& dir) {
   if (!fs::is_directory(dir)) throw DataError(dir.string(), "no such model repository directory");
-  Repository repository{dir, {}};
+  std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(dir)) {
-    if (entry.is_directory()) repository.models.push_back(load_model_config(entry.path()));
+    if (entry.is_directory()) names.push_back(entry.path().filename().string());
   }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Repository load_repository(const fs::path& dir) {
+  Repository repository{dir, {}};
+  for (const std::string& name : list_models(dir)) repository.models.push_back(load_model_config(dir / name));
   if (repository.models.empty()) throw DataError(dir.string(), "no models (expected <name>/config.toml)");
-  std::sort(repository.models.begin(), repository.models.end(),
-            [](const ModelConfig& a, const ModelConfig& b) { return a.name < b.name; });
   return repository;
 }
 

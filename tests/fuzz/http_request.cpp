@@ -33,14 +33,13 @@ class ParsingService : public Service {
   bool live() const override { return true; }
   bool ready() const override { return true; }
   Reply server_metadata() const override { return Reply{200, "application/json", R"({"name":"fuzz"})", {}}; }
-  Reply model_metadata(std::string_view model) const override { return model_ready(model); }
-  Reply model_ready(std::string_view model) const override {
-    if (model != config_.name) return error_reply(404, "no model");
+  Reply model_metadata(ModelRef model) const override { return model_ready(model); }
+  Reply model_ready(ModelRef model) const override {
+    if (model.name != config_.name) return error_reply(404, "no model");
     return Reply{200, "application/json", R"({"ready":true})", {}};
   }
-  void infer(std::string_view model, std::string body, std::optional<std::size_t> json_length,
-             ReplyCallback reply) override {
-    if (model != config_.name) return reply(error_reply(404, "no model"));
+  void infer(ModelRef model, std::string body, std::optional<std::size_t> json_length, ReplyCallback reply) override {
+    if (model.name != config_.name) return reply(error_reply(404, "no model"));
     try {
       InferRequest request = parse_infer_request(body, json_length, config_);
       reply(encode_infer_response(config_, request, request.inputs));

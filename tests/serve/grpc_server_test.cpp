@@ -240,10 +240,10 @@ class StatusService : public Service {
   bool live() const override { return true; }
   bool ready() const override { return true; }
   Reply server_metadata() const override { return {}; }
-  Reply model_metadata(std::string_view) const override { return {}; }
-  Reply model_ready(std::string_view) const override { return {}; }
-  void infer(std::string_view, std::string, std::optional<std::size_t>, ReplyCallback reply) override { reply({}); }
-  void infer_tensors(std::string_view, const TensorRequest&, TensorReplyCallback reply) override {
+  Reply model_metadata(ModelRef) const override { return {}; }
+  Reply model_ready(ModelRef) const override { return {}; }
+  void infer(ModelRef, std::string, std::optional<std::size_t>, ReplyCallback reply) override { reply({}); }
+  void infer_tensors(ModelRef, const TensorRequest&, TensorReplyCallback reply) override {
     TensorReply answer;
     answer.status = status_;
     answer.error = "status " + std::to_string(status_);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <arpa/inet.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <cctype>
@@ -42,19 +43,20 @@ class TestService : public Service {
   bool live() const override { return true; }
   bool ready() const override { return ready_; }
   Reply server_metadata() const override { return json(R"({"name":"test-service"})"); }
-  Reply model_metadata(std::string_view model) const override {
-    return json(R"({"name":")" + std::string(model) + R"("})");
+  Reply model_metadata(ModelRef model) const override {
+    nlohmann::json metadata{{"name", model.name}};
+    if (!model.version.empty()) metadata["version"] = model.version;
+    return json(metadata.dump());
   }
-  Reply model_ready(std::string_view model) const override {
-    if (model == "cnn") return json(R"({"ready":true})");
-    return Reply{404, "application/json", R"({"error":"no model )" + std::string(model) + R"("})", {}};
+  Reply model_ready(ModelRef model) const override {
+    if (model.name == "cnn") return json(R"({"ready":true})");
+    return Reply{404, "application/json", R"({"error":"no model )" + std::string(model.name) + R"("})", {}};
   }
-  void infer(std::string_view model, std::string body, std::optional<std::size_t> json_length,
-             ReplyCallback reply) override {
-    if (model == "boom") throw std::runtime_error("model boom exploded");
-    Reply echo = json(std::string(model) + ":" + body);
+  void infer(ModelRef model, std::string body, std::optional<std::size_t> json_length, ReplyCallback reply) override {
+    if (model.name == "boom") throw std::runtime_error("model boom exploded");
+    Reply echo = json(std::string(model.name) + ":" + body);
     if (json_length) echo.headers.emplace_back("X-Json-Length", std::to_string(*json_length));
-    if (model != "late") return reply(std::move(echo));
+    if (model.name != "late") return reply(std::move(echo));
     std::lock_guard<std::mutex> lock(mutex_);
     parked_.push_back([reply, echo] { reply(echo); });
     parked_changed_.notify_all();
@@ -210,10 +212,34 @@ TEST(HttpServer, MetadataRoutesReachTheService) {
   EXPECT_EQ(client.request("GET", "/v2").body, R"({"name":"test-service"})");
   EXPECT_EQ(client.request("GET", "/v2/models/cnn").body, R"({"name":"cnn"})");
   EXPECT_EQ(client.request("GET", "/v2/models/cnn?verbose=1").body, R"({"name":"cnn"})");
+  EXPECT_EQ(client.request("GET", "/v2/models/cnn/versions/7").body, R"({"name":"cnn","version":"7"})");
   EXPECT_EQ(client.request("GET", "/v2/models/cnn/ready").body, R"({"ready":true})");
+  EXPECT_EQ(client.request("GET", "/v2/models/cnn/versions/2/ready").body, R"({"ready":true})");
+  EXPECT_EQ(client.request("POST", "/v2/models/cnn/versions/2/infer", "{}").body, "cnn:{}");
   Response unknown = client.request("GET", "/v2/models/mlp/ready");
   EXPECT_EQ(unknown.status, 404);
   EXPECT_EQ(unknown.body, R"({"error":"no model mlp"})");
+  for (std::string path : {"/v2/models/cnn/versions/", "/v2/models/cnn/versions//ready", "/v2/models/cnn/versions/2/x"}) {
+    EXPECT_EQ(client.request("GET", path).status, 404) << path;
+  }
+}
+
+// A service without a repository answers the model-control routes with 501; they take POST.
+TEST(HttpServer, RepositoryRoutesReachTheService) {
+  TestService service;
+  RunningServer running(service);
+  Client client(running.port());
+  Response index = client.request("POST", "/v2/repository/index", "{}");
+  EXPECT_EQ(index.status, 501);
+  EXPECT_EQ(index.body, R"({"error":"this server has no model repository"})");
+  Response load = client.request("POST", "/v2/repository/models/cnn/load", "");
+  EXPECT_EQ(load.status, 501);
+  EXPECT_EQ(load.body, R"({"error":"model 'cnn': this server cannot load models"})");
+  EXPECT_EQ(client.request("POST", "/v2/repository/models/cnn/unload", "").body,
+            R"({"error":"model 'cnn': this server cannot unload models"})");
+  EXPECT_EQ(client.request("GET", "/v2/repository/models/cnn/load").status, 405);
+  EXPECT_EQ(client.request("POST", "/v2/repository/models//load", "").status, 404);
+  EXPECT_EQ(client.request("POST", "/v2/repository/models/cnn/reload", "").status, 404);
 }
 
 TEST(HttpServer, InferPassesModelBodyAndJsonLength) {

@@ -53,16 +53,16 @@ class DelayService : public Service {
   bool live() const override { return true; }
   bool ready() const override { return true; }
   Reply server_metadata() const override { return {}; }
-  Reply model_metadata(std::string_view) const override {
+  Reply model_metadata(ModelRef) const override {
     return {200, "application/json", R"({"name":"m","inputs":[{"name":"x","datatype":"FP32","shape":[-1,2]}]})", {}};
   }
-  Reply model_ready(std::string_view) const override { return {}; }
-  void infer(std::string_view, std::string, std::optional<std::size_t>, ReplyCallback reply) override {
+  Reply model_ready(ModelRef) const override { return {}; }
+  void infer(ModelRef, std::string, std::optional<std::size_t>, ReplyCallback reply) override {
     enqueue([reply = std::move(reply)](bool reject) {
       reply(reject ? Reply{503, "application/json", R"({"error":"busy"})", {}} : Reply{});
     });
   }
-  void infer_tensors(std::string_view, const TensorRequest&, TensorReplyCallback reply) override {
+  void infer_tensors(ModelRef, const TensorRequest&, TensorReplyCallback reply) override {
     enqueue([reply = std::move(reply)](bool reject) {
       TensorReply answer;
       answer.status = reject ? 503 : 200;
@@ -232,7 +232,7 @@ TEST(Loadgen, AcceptedLatencyLeavesOutTheRejections) {
   class SlowAccepts : public DelayService {
    public:
     SlowAccepts() : DelayService(0ms) {}
-    void infer(std::string_view model, std::string body, std::optional<std::size_t> length, ReplyCallback reply) override {
+    void infer(ModelRef model, std::string body, std::optional<std::size_t> length, ReplyCallback reply) override {
       if (++calls_ % 3 != 1) return reply(Reply{503, "application/json", R"({"error":"busy"})", {}});
       std::this_thread::sleep_for(30ms);  // the io thread: one request at a time
       DelayService::infer(model, std::move(body), length, std::move(reply));

@@ -1,6 +1,7 @@
 #include "afterburner/serve/repository.h"
 
 #include <string>
+#include <vector>
 
 #include "afterburner/core/error.h"
 #include "cnn_repository.h"
@@ -181,6 +182,48 @@ TEST(Repository, LoadsEveryModelDirectoryByName) {
   ASSERT_EQ(repository.models.size(), 2u);
   EXPECT_EQ(repository.models[0].name, "alpha");
   EXPECT_EQ(repository.models[1].name, "zeta");
+}
+
+// Triton's layout: numbered version directories, the highest served (numerically: 10 after 9).
+TEST(Repository, TheHighestVersionDirectoryIsServed) {
+  TempDir dir;
+  auto model_dir = write_model(dir, "cnn", kIssueConfig);
+  EXPECT_EQ(load_model_config(model_dir).version, "1");
+  std::filesystem::remove(model_dir / "model.pt");
+  for (const char* version : {"1", "9", "10"}) {
+    std::filesystem::create_directories(model_dir / version);
+    write_file(model_dir / version / "model.pt", version);
+  }
+  std::filesystem::create_directories(model_dir / "notes");  // not a version
+  std::filesystem::create_directories(model_dir / "11x");
+  ModelConfig config = load_model_config(model_dir);
+  EXPECT_EQ(config.version, "10");
+  EXPECT_EQ(config.model_file, model_dir / "10" / "model.pt");
+  EXPECT_EQ(config.config_file, model_dir / "config.toml");
+
+  std::filesystem::create_directories(model_dir / "12");  // a version on its way, without its file yet
+  EXPECT_TRUE(Contains(error_message<DataError>([&] { load_model_config(model_dir); }),
+                       (model_dir / "12" / "model.pt").string() + ": no such model file"));
+  write_file(model_dir / "model.pt", "the flat layout too");
+  EXPECT_EQ(error_message<DataError>([&] { load_model_config(model_dir); }),
+            model_dir.string() + ": holds both model.pt and version directories: keep one layout");
+}
+
+// A stamp changes with what a poll must notice: the model file's content, a new version.
+TEST(Repository, StampsChangeWithTheFiles) {
+  TempDir dir;
+  auto model_dir = write_model(dir, "cnn", kIssueConfig);
+  const std::string flat = locate_model_files(model_dir).stamp();
+  EXPECT_EQ(locate_model_files(model_dir).stamp(), flat);
+  write_file(model_dir / "model.pt", "other weights, of another size");
+  const std::string rewritten = locate_model_files(model_dir).stamp();
+  EXPECT_NE(rewritten, flat);
+  std::filesystem::remove(model_dir / "model.pt");
+  std::filesystem::create_directories(model_dir / "2");
+  EXPECT_TRUE(Contains(locate_model_files(model_dir).stamp(), (model_dir / "2" / "model.pt").string() + " missing"));
+  write_file(model_dir / "2" / "model.pt", "version 2");
+  EXPECT_NE(locate_model_files(model_dir).stamp(), rewritten);
+  EXPECT_EQ(list_models(dir.path()), std::vector<std::string>{"cnn"});
 }
 
 TEST(Repository, MissingOrEmptyRepositoryIsNamed) {

@@ -1,7 +1,11 @@
-// A model repository: one directory per model, each with a TOML config and a TorchScript file.
+// A model repository: one directory per model, each with a TOML config and a TorchScript file,
+// beside it (version 1) or in numbered version directories, of which the highest is served.
 //
 //   models/cnn/config.toml     max_batch_size = 64, max_queue_delay_us = 2000, [[input]] ...
 //   models/cnn/model.pt        torch.jit.save / models::export_torchscript
+//   models/resnet/config.toml
+//   models/resnet/1/model.pt   (Triton's layout: resnet serves version 2)
+//   models/resnet/2/model.pt
 //
 // An [[input]] with format = "image" takes JPEG or PNG bytes instead of a tensor (ImageInput).
 //
@@ -50,10 +54,26 @@ struct ImageInput {
   std::vector<std::string> classes;  // output index i names classes[i]; config: classes_file
 };
 
+// Where a model's files are: DIR/<name>/config.toml, and DIR/<name>/model.pt (version "1") or
+// DIR/<name>/<highest version>/model.pt.
+struct ModelFiles {
+  std::string name;  // the model's directory name
+  std::string version;
+  std::filesystem::path config_file;
+  std::filesystem::path model_file;
+
+  // The files' paths, sizes and modification times: a model changed on disk stamps otherwise.
+  std::string stamp() const;
+};
+
+// Throws DataError naming the directory when it holds both model.pt and version directories.
+ModelFiles locate_model_files(const std::filesystem::path& model_dir);
+
 struct ModelConfig {
   std::string name;                    // the model's directory name
+  std::string version = "1";           // the version directory's name, "1" for model.pt beside the config
   std::filesystem::path config_file;   // DIR/<name>/config.toml
-  std::filesystem::path model_file;    // DIR/<name>/model.pt
+  std::filesystem::path model_file;    // DIR/<name>/model.pt or DIR/<name>/<version>/model.pt
   int64_t max_batch_size = 1;          // samples per forward
   int64_t max_queue_delay_us = 0;      // longest wait for a fuller batch, from the oldest arrival
   std::vector<int64_t> preferred_batch_sizes;  // ascending; a queue prefix of one runs at once
@@ -70,10 +90,14 @@ struct ModelConfig {
   int64_t queue_capacity() const;
 };
 
-// Reads DIR/<name>/config.toml and checks that DIR/<name>/model.pt exists. Throws UsageError
-// naming the file and key for a bad or unknown key, DataError naming the file for a syntax
-// error or a missing model file.
+// Reads DIR/<name>/config.toml and checks that the model file locate_model_files finds exists.
+// Throws UsageError naming the file and key for a bad or unknown key, DataError naming the file
+// for a syntax error or a missing model file.
 ModelConfig load_model_config(const std::filesystem::path& model_dir);
+ModelConfig load_model_config(const ModelFiles& files);
+
+// The names of the model directories in `dir`, sorted. Throws DataError if `dir` is no directory.
+std::vector<std::string> list_models(const std::filesystem::path& dir);
 
 struct Repository {
   std::filesystem::path dir;

@@ -51,11 +51,23 @@ struct TensorReply {
   int status = 200;  // else an HTTP status (400, 404, 503, 504, 500, 501) with `error`
   std::string error;
   std::string model_name;
+  std::string model_version;
   std::string id;
   std::vector<std::pair<std::string, at::Tensor>> outputs;  // contiguous, in the model's order
 };
 
 using TensorReplyCallback = std::function<void(TensorReply)>;
+
+// A model as a request names it, /v2/models/{name}[/versions/{version}]: an empty version is
+// the one the server serves.
+struct ModelRef {
+  ModelRef(std::string_view name, std::string_view version = {}) : name(name), version(version) {}
+  ModelRef(const char* name) : name(name) {}
+  ModelRef(const std::string& name) : name(name) {}
+
+  std::string_view name;
+  std::string_view version;
+};
 
 class Service {
  public:
@@ -64,21 +76,28 @@ class Service {
   virtual bool live() const = 0;
   virtual bool ready() const = 0;  // every model loaded and warmed up
   virtual Reply server_metadata() const = 0;                      // GET /v2
-  virtual Reply model_metadata(std::string_view model) const = 0;  // GET /v2/models/{name}
-  virtual Reply model_ready(std::string_view model) const = 0;     // GET /v2/models/{name}/ready
+  virtual Reply model_metadata(ModelRef model) const = 0;  // GET /v2/models/{name}
+  virtual Reply model_ready(ModelRef model) const = 0;     // GET /v2/models/{name}/ready
   // POST /v2/models/{name}/infer. `json_length` is the Inference-Header-Content-Length header
   // (binary tensor extension): the JSON part is body[0, json_length), binary data follows.
-  virtual void infer(std::string_view model, std::string body, std::optional<std::size_t> json_length,
+  virtual void infer(ModelRef model, std::string body, std::optional<std::size_t> json_length,
                      ReplyCallback reply) = 0;
   // POST /v2/models/{name}/infer with encoded images (an image/* body, or multipart/form-data
   // parts) for a model with an image input (serve/image_input.h), answering each image's top_k
   // classes. A service without image inputs answers 415.
-  virtual void infer_images(std::string_view model, std::vector<std::string> images, int64_t top_k,
-                            ReplyCallback reply);
+  virtual void infer_images(ModelRef model, std::vector<std::string> images, int64_t top_k, ReplyCallback reply);
   // ModelInfer over gRPC. The request's bytes are read before this returns. A service that
   // does not override it answers 501.
-  virtual void infer_tensors(std::string_view model, const TensorRequest& request, TensorReplyCallback reply);
+  virtual void infer_tensors(ModelRef model, const TensorRequest& request, TensorReplyCallback reply);
   virtual std::string metrics() const = 0;  // GET /metrics, Prometheus text format
+
+  // Model control (Triton's repository extension). POST /v2/repository/index: the repository's
+  // models and their states; a body {"ready": true} lists the ready ones only.
+  virtual Reply repository_index(std::string_view body) const;
+  // POST /v2/repository/models/{name}/load and .../unload, answered once done. A service that
+  // does not override them answers 501.
+  virtual void load_model(std::string_view model, ReplyCallback reply);
+  virtual void unload_model(std::string_view model, ReplyCallback reply);
 };
 
 }  // namespace afterburner::serve
