@@ -17,6 +17,7 @@ packages=(
   python3-torchvision                   # torchvision's architectures in the tests of the whole user path
   python3-pil                           # the image tests' reference decoder (PIL, as torchvision's ImageFolder)
   clang libclang-rt-14-dev libomp-dev   # the sanitizer build and the fuzzers (.ci/run)
+  chromium fonts-dejavu-core            # the dashboard test: the page in a headless browser, its text legible
   dataset-fashion-mnist
 )
 

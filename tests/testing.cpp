@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace afterburner::testing {
 namespace fs = std::filesystem;
@@ -78,6 +80,58 @@ CommandResult run_cli(const std::vector<std::string>& args) {
   std::vector<std::string> argv{cli_binary().string()};
   argv.insert(argv.end(), args.begin(), args.end());
   return run(argv);
+}
+
+nlohmann::json dashboard_config(const std::string& page) {
+  std::smatch match;
+  if (!std::regex_search(page, match, std::regex("const CONFIG = (.*);\n"))) {
+    ADD_FAILURE() << "no CONFIG in the page";
+    return nullptr;
+  }
+  return nlohmann::json::parse(match[1].str());
+}
+
+CliProcess::CliProcess(const std::vector<std::string>& args, const std::filesystem::path& log) : log_(log) {
+  std::vector<std::string> argv{cli_binary().string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    if (!freopen(log.c_str(), "w", stdout) || !freopen(log.c_str(), "a", stderr)) _exit(127);
+    std::vector<char*> pointers;
+    for (auto& arg : argv) pointers.push_back(arg.data());
+    pointers.push_back(nullptr);
+    execv(pointers[0], pointers.data());
+    _exit(127);
+  }
+}
+
+CliProcess::~CliProcess() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+}
+
+std::string CliProcess::wait_for(const std::string& text, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::string log = read_file(log_);
+    if (log.find(text) != std::string::npos) return log;
+    if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      pid_ = -1;
+      throw std::runtime_error("exited early: " + log);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  throw std::runtime_error("'" + text + "' never appeared in " + read_file(log_));
+}
+
+int CliProcess::stop(int signal) {
+  kill(pid_, signal);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 }  // namespace afterburner::testing

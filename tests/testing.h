@@ -2,7 +2,12 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -42,6 +47,28 @@ CommandResult run(const std::vector<std::string>& argv);
 
 // Runs the afterburner CLI with arguments.
 CommandResult run_cli(const std::vector<std::string>& args);
+
+// The CLI as a child process, with both streams in `log`; killed and reaped if the test ends early.
+class CliProcess {
+ public:
+  CliProcess(const std::vector<std::string>& args, const std::filesystem::path& log);
+  ~CliProcess();
+  CliProcess(const CliProcess&) = delete;
+  CliProcess& operator=(const CliProcess&) = delete;
+
+  // Waits up to `timeout` for `text` in the log and returns the log; throws std::runtime_error
+  // with the log if the process exits or the time passes first.
+  std::string wait_for(const std::string& text, std::chrono::seconds timeout = std::chrono::seconds(60));
+  // Sends `signal` and waits for the exit: its code, 128 + the signal that killed it.
+  int stop(int signal = SIGTERM);
+
+ private:
+  std::filesystem::path log_;
+  pid_t pid_ = -1;
+};
+
+// The configuration a dashboard page (monitor/dashboard.h) runs with, read back from its script.
+nlohmann::json dashboard_config(const std::string& page);
 
 // Writes bytes to a file, creating or truncating it.
 void write_file(const std::filesystem::path& path, const std::string& bytes);

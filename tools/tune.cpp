@@ -28,7 +28,7 @@ Command add_tune_command(CLI::App& app) {
   // Train's outputs have no meaning here, and --report names tune's directory.
   auto options = std::make_shared<ConfigOptions>(
       sub, train::TrainConfig{},
-      std::set<std::string>{"report", "export", "log_jsonl", "checkpoint_dir", "checkpoint_every", "resume", "trace",
+      std::set<std::string>{"report", "dashboard", "export", "log_jsonl", "checkpoint_dir", "checkpoint_every", "resume", "trace",
                             "profile", "progress"});
   auto flags = std::make_shared<TuneFlags>();
   sub->add_option("--time-budget", flags->time_budget, "seconds for all trials and accuracy checks, roughly")

@@ -3,11 +3,15 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <iostream>
+#include <memory>
 
 #include "afterburner/core/error.h"
 #include "afterburner/dist/data_parallel.h"
 #include "afterburner/dist/launch.h"
 #include "afterburner/dist/sync_batch_norm.h"
+#include "afterburner/monitor/dashboard.h"
+#include "afterburner/serve/dashboard_server.h"
 #include "afterburner/train/run.h"
 #include "afterburner/train/session.h"
 #include "heartbeat.h"
@@ -28,11 +32,25 @@ int64_t rank_threads(const train::TrainConfig& config) {
   return threads;
 }
 
+// The run, with the live dashboard --dashboard asks for on the process that reports (a single
+// process, or rank 0): served from before the data loads to the run's end.
+train::TrainReport run_observed(const train::TrainConfig& config, const train::DataParallelism& parallel,
+                                bool reports) {
+  if (config.dashboard.empty() || !reports) return train::run_training(config, parallel);
+  const monitor::ListenAddress address = monitor::parse_listen_address(config.dashboard, "--dashboard");
+  auto history = std::make_shared<train::TrainingHistory>();
+  serve::DashboardServer dashboard([history] { return history->to_json(); },
+                                   serve::HttpOptions().host(address.host).port(address.port),
+                                   "afterburner train: " + config.model);
+  std::cerr << "afterburner: dashboard on " << dashboard.url() << std::endl;
+  return train::run_training(config, parallel, history);
+}
+
 }  // namespace
 
 std::optional<train::TrainReport> run_training(const train::TrainConfig& config) {
   if (auto environment = options_from_environment()) return train_rank(config, *environment);
-  if (config.nproc == 1 && config.nnodes == 1) return train::run_training(config);
+  if (config.nproc == 1 && config.nnodes == 1) return run_observed(config, {}, /*reports=*/true);
   // Once, here, rather than once per rank: a bad option or model file is one line, not one per rank.
   train::validate(config);
   if (train::is_model_file(config.model)) {
@@ -59,7 +77,7 @@ std::optional<train::TrainReport> train_rank(const train::TrainConfig& config, G
     train::DataParallelism parallel;
     parallel.batch_norm = [&](int64_t channels) { return torch::nn::AnyModule(SyncBatchNorm2d(channels, group)); };
     parallel.replicate = [&](const train::Model& model) { return std::make_shared<DataParallel>(model, group); };
-    auto report = train::run_training(rank_config, parallel);
+    auto report = run_observed(rank_config, parallel, /*reports=*/group.rank == 0);
     if (group.rank != 0) return std::nullopt;
     return report;
   } catch (const std::exception& e) {  // c10d's when another rank is gone or stalled, as the step it stopped

@@ -48,8 +48,14 @@ void StepTimer::stop() {
 void StepTimer::end_step(int64_t samples) {
   stop();
   steps_.push_back(current_step_);
+  for (double seconds : current_step_) recorded_seconds_ += seconds;
   current_step_ = {};
   samples_ += samples;
+}
+
+const StepTimer::PhaseSeconds& StepTimer::last_step() const {
+  static const PhaseSeconds kNone{};
+  return steps_.empty() ? kNone : steps_.back();
 }
 
 PhaseScope StepTimer::scope(Phase phase) {

@@ -247,6 +247,7 @@ void Batcher::run_batch(const Runner& runner, std::vector<Pending> batch) {
   metrics_.compute_duration_us += microseconds(Clock::now() - start);
   metrics_.execution_count += 1;
   metrics_.inference_count += samples;
+  metrics_.batch_size.observe(static_cast<uint64_t>(samples));
   for (std::size_t r = 0; r < batch.size(); ++r) {
     metrics_.pending_requests -= 1;
     batch[r].done(std::move(results[r]));

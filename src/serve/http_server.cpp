@@ -43,7 +43,8 @@ std::string_view view(beast::string_view text) { return {text.data(), text.size(
 struct Route {
   enum Kind {
     not_found, live, ready, server_metadata, model_metadata, model_ready, infer, metrics,
-    repository_index, load, unload  // model control (Triton's repository extension)
+    repository_index, load, unload,  // model control (Triton's repository extension)
+    dashboard, dashboard_data
   };
   Route(Kind route, std::string_view model_name = {}, std::string_view model_version = {})
       : kind(route), model(model_name), version(model_version) {}
@@ -78,6 +79,8 @@ Route match_route(std::string_view target) {
   if (path == "/v2/health/ready") return {Route::ready};
   if (path == "/v2") return {Route::server_metadata};
   if (path == "/metrics") return {Route::metrics};
+  if (path == "/dashboard") return {Route::dashboard};
+  if (path == "/dashboard/data") return {Route::dashboard_data};
   if (path == "/v2/repository/index") return {Route::repository_index};
   if (remove_prefix(path, "/v2/repository/models/")) {
     const std::string_view model = take_segment(path);
@@ -325,6 +328,8 @@ class Session : public std::enable_shared_from_this<Session> {
         case Route::model_metadata: return service.model_metadata({route.model, route.version});
         case Route::model_ready: return service.model_ready({route.model, route.version});
         case Route::repository_index: return service.repository_index(request.body());
+        case Route::dashboard: return service.dashboard();
+        case Route::dashboard_data: return service.dashboard_data();
         case Route::metrics: {
           Reply reply;
           reply.content_type = "text/plain; version=0.0.4";

@@ -110,6 +110,21 @@ bool is_directory_name(std::string_view name) {
          name.find('\0') == std::string_view::npos;
 }
 
+using Clock = std::chrono::steady_clock;
+
+// Counts a request's answer into its model's metrics: the status, and an answered one's time
+// since it arrived.
+void count_answer(ModelMetrics& metrics, int status, Clock::time_point arrival) {
+  if (status == 200) {
+    metrics.request_success += 1;
+    metrics.request_duration.observe(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - arrival).count());
+    return;
+  }
+  metrics.request_failure += 1;
+  if (status == 503) metrics.request_rejected += 1;
+}
+
 Reply json_reply(const nlohmann::json& body) {
   Reply reply;
   // Model and tensor names come from directory names and config files: bytes that are no UTF-8
@@ -264,11 +279,12 @@ Reply ModelService::model_ready(ModelRef ref) const {
 }
 
 void ModelService::infer(ModelRef ref, std::string body, std::optional<std::size_t> json_length, ReplyCallback reply) {
+  const Clock::time_point arrival = Clock::now();
   std::string not_found;
   std::shared_ptr<Model> model = find(ref, not_found);
   if (!model) return reply(error_reply(404, not_found));
-  auto fail = [&model, &reply](int status, const std::string& message) {
-    model->metrics->request_failure += 1;
+  auto fail = [&](int status, const std::string& message) {
+    count_answer(*model->metrics, status, arrival);
     reply(error_reply(status, message));
   };
   if (std::optional<std::string> refused = model->batcher->refusal()) return fail(503, *refused);
@@ -284,16 +300,17 @@ void ModelService::infer(ModelRef ref, std::string body, std::optional<std::size
   auto encode = [config = &model->config, request = std::move(request)](const std::vector<at::Tensor>& outputs) {
     return encode_infer_response(*config, request, outputs);
   };
-  submit(std::move(model), std::move(inputs), std::move(encode), std::move(reply));
+  submit(std::move(model), arrival, std::move(inputs), std::move(encode), std::move(reply));
 }
 
 void ModelService::infer_images(ModelRef ref, std::vector<std::string> images, int64_t top_k, ReplyCallback reply) {
+  const Clock::time_point arrival = Clock::now();
   std::string not_found;
   std::shared_ptr<Model> model = find(ref, not_found);
   if (!model) return reply(error_reply(404, not_found));
   const ModelConfig& config = model->config;
-  auto fail = [&model, &reply](int status, const std::string& message) {
-    model->metrics->request_failure += 1;
+  auto fail = [&](int status, const std::string& message) {
+    count_answer(*model->metrics, status, arrival);
     reply(error_reply(status, message));
   };
   if (!config.image) {
@@ -307,26 +324,27 @@ void ModelService::infer_images(ModelRef ref, std::vector<std::string> images, i
   if (std::optional<std::string> refused = model->batcher->refusal()) return fail(503, *refused);
   // Decoding takes milliseconds an image: on LibTorch's inter-op pool, not on the io thread that
   // serves every other connection meanwhile.
-  at::launch([model = std::move(model), images = std::move(images), top_k, reply = std::move(reply)]() mutable {
+  at::launch([model = std::move(model), arrival, images = std::move(images), top_k, reply = std::move(reply)]() mutable {
     at::Tensor input;
     try {
       input = decode_request_images(model->config, std::move(images));
     } catch (const RequestError& e) {
-      model->metrics->request_failure += 1;
+      count_answer(*model->metrics, e.status(), arrival);
       return reply(error_reply(e.status(), e.what()));
     }
     auto encode = [config = &model->config, top_k](const std::vector<at::Tensor>& outputs) {
       return encode_image_response(*config, outputs, top_k);
     };
-    submit(std::move(model), {input}, std::move(encode), std::move(reply));
+    submit(std::move(model), arrival, {input}, std::move(encode), std::move(reply));
   });
 }
 
 void ModelService::infer_tensors(ModelRef ref, const TensorRequest& tensors, TensorReplyCallback reply) {
+  const Clock::time_point arrival = Clock::now();
   std::string not_found;
   std::shared_ptr<Model> model = find(ref, not_found);
-  auto fail = [&model, &reply](int status, std::string message) {
-    if (model) model->metrics->request_failure += 1;
+  auto fail = [&](int status, std::string message) {
+    if (model) count_answer(*model->metrics, status, arrival);
     TensorReply failed;
     failed.status = status;
     failed.error = std::move(message);
@@ -342,7 +360,8 @@ void ModelService::infer_tensors(ModelRef ref, const TensorRequest& tensors, Ten
   }
   std::vector<at::Tensor> inputs = std::move(request.inputs);
   Batcher& batcher = *model->batcher;
-  batcher.submit(std::move(inputs), [model = std::move(model), request = std::move(request), reply](BatchResult result) {
+  batcher.submit(std::move(inputs), [model = std::move(model), arrival, request = std::move(request),
+                                     reply](BatchResult result) {
     TensorReply answer;
     answer.status = result.status;
     answer.error = std::move(result.error);
@@ -355,29 +374,29 @@ void ModelService::infer_tensors(ModelRef ref, const TensorRequest& tensors, Ten
         answer.outputs.emplace_back(wanted.name, result.outputs.at(index).contiguous());
       }
     }
-    (result.status == 200 ? model->metrics->request_success : model->metrics->request_failure) += 1;
+    count_answer(*model->metrics, result.status, arrival);
     reply(std::move(answer));
   });
 }
 
 // The callback holds the model: a model replaced meanwhile still answers what it took.
-void ModelService::submit(std::shared_ptr<Model> model, std::vector<at::Tensor> inputs,
-                          std::function<Reply(const std::vector<at::Tensor>&)> encode, ReplyCallback reply) {
+void ModelService::submit(std::shared_ptr<Model> model, std::chrono::steady_clock::time_point arrival,
+                          std::vector<at::Tensor> inputs, std::function<Reply(const std::vector<at::Tensor>&)> encode,
+                          ReplyCallback reply) {
   Batcher& batcher = *model->batcher;
-  batcher.submit(std::move(inputs), [model = std::move(model), encode = std::move(encode), reply](BatchResult result) {
-    ModelMetrics& metrics = *model->metrics;
-    if (result.status != 200) {
-      metrics.request_failure += 1;
-      return reply(error_reply(result.status, result.error));
-    }
+  batcher.submit(std::move(inputs), [model = std::move(model), arrival, encode = std::move(encode),
+                                     reply](BatchResult result) {
     Reply encoded;
-    try {
-      encoded = encode(result.outputs);
-    } catch (const std::exception& e) {
-      metrics.request_failure += 1;
-      return reply(error_reply(500, fmt::format("model '{}': {}", model->config.name, e.what())));
+    if (result.status != 200) {
+      encoded = error_reply(result.status, result.error);
+    } else {
+      try {
+        encoded = encode(result.outputs);
+      } catch (const std::exception& e) {
+        encoded = error_reply(500, fmt::format("model '{}': {}", model->config.name, e.what()));
+      }
     }
-    (encoded.status == 200 ? metrics.request_success : metrics.request_failure) += 1;
+    count_answer(*model->metrics, encoded.status, arrival);
     reply(std::move(encoded));
   });
 }
@@ -578,7 +597,6 @@ void ModelService::run_on_control_thread(std::function<void()> job) {
 // models looked at every few milliseconds until they are gone. Jobs still queued at the end
 // are run: each has a reply to give.
 void ModelService::control_loop() {
-  using Clock = std::chrono::steady_clock;
   constexpr std::chrono::milliseconds kRetiredCheck{20};
   const bool polling = options_.model_control() == ModelControl::poll;
   Clock::time_point next_poll = Clock::now() + options_.poll_interval();

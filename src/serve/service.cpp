@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "afterburner/monitor/dashboard.h"
 #include "afterburner/serve/protocol.h"
 
 namespace afterburner::serve {
@@ -29,5 +30,14 @@ void Service::load_model(std::string_view model, ReplyCallback reply) {
 void Service::unload_model(std::string_view model, ReplyCallback reply) {
   reply(error_reply(501, fmt::format("model '{}': this server cannot unload models", model)));
 }
+
+Reply Service::dashboard() const {
+  return Reply{200, "text/html; charset=utf-8",
+               monitor::dashboard_page(monitor::DashboardPage().kind(monitor::DashboardKind::serving).title(
+                   "afterburner serve")),
+               {}};
+}
+
+Reply Service::dashboard_data() const { return error_reply(404, "this dashboard reads /metrics"); }
 
 }  // namespace afterburner::serve

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "afterburner/core/error.h"
+#include "afterburner/monitor/dashboard.h"
 
 namespace afterburner::train {
 namespace {
@@ -111,6 +112,18 @@ ConfigField workers_field() {
             c.workers = n;
           },
           [](const TrainConfig& c) { return c.workers < 0 ? std::string("auto") : std::to_string(c.workers); }};
+}
+
+ConfigField dashboard_field() {
+  return {"dashboard",
+          "serve the run's live dashboard at http://[HOST:]PORT/dashboard (HOST 127.0.0.1 unless given, PORT 0: any "
+          "free one)",
+          false, "[HOST:]PORT",
+          [](TrainConfig& c, const std::string& value) {
+            if (!value.empty()) monitor::parse_listen_address(value, "--dashboard");
+            c.dashboard = value;
+          },
+          [](const TrainConfig& c) { return c.dashboard; }};
 }
 
 ConfigField seed_field() {
@@ -224,7 +237,9 @@ std::vector<ConfigField> make_fields() {
       flag("resume", "continue from the checkpoint in --checkpoint-dir", &TrainConfig::resume),
       seed_field(),
       integer("threads", "intra-op threads (0 = all cores)", &TrainConfig::threads, 0),
-      path("report", "write the final report as JSON to this file", &TrainConfig::report),
+      path("report", "write the final report to this file: JSON, or with .html the dashboard page with the run inside",
+           &TrainConfig::report),
+      dashboard_field(),
       path("log_jsonl", "write one JSON line per step and per evaluation to this file", &TrainConfig::log_jsonl),
       path("export", "write the trained model as TorchScript to this file", &TrainConfig::export_path),
       number("target_accuracy", "stop once test accuracy reaches this (0 = off)", &TrainConfig::target_accuracy, 0, 1),

@@ -8,6 +8,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/core/file_writer.h"
+#include "afterburner/monitor/dashboard.h"
 #include "afterburner/train/session.h"
 #include "afterburner/train/trainer.h"
 
@@ -22,13 +23,21 @@ void check_writable(const std::string& path, const std::string& flag) {
   if (::access(dir.c_str(), W_OK) != 0) throw Error(path + " (" + flag + "): its directory is not writable");
 }
 
-void write_report(const TrainReport& report, const std::string& path) {
-  write_file_atomically(path, report.to_json().dump(2) + '\n');
+bool is_html(const std::string& path) { return std::filesystem::path(path).extension() == ".html"; }
+
+// JSON, or the dashboard page with the run's curves (and the report) inside.
+void write_report(const TrainReport& report, const std::string& path, TrainingHistory* history) {
+  if (!is_html(path)) return write_file_atomically(path, report.to_json().dump(2) + '\n');
+  history->on_train_end(report);  // also of a failed run, whose fit() did not get there
+  write_file_atomically(path, monitor::dashboard_page(monitor::DashboardPage()
+                                                          .title("afterburner train: " + report.model)
+                                                          .data(history->to_json())));
 }
 
 // The model and the report, also of a run that failed or was interrupted: what it trained is
 // kept. An export that fails fails the run, after the report says so.
-void write_outputs(const TrainingSession& session, const TrainConfig& config, TrainReport& report) {
+void write_outputs(const TrainingSession& session, const TrainConfig& config, TrainReport& report,
+                   TrainingHistory* history) {
   if (!config.export_path.empty()) {
     try {
       session.export_model(config.export_path);
@@ -40,7 +49,7 @@ void write_outputs(const TrainingSession& session, const TrainConfig& config, Tr
     }
   }
   if (!config.report.empty()) {
-    write_report(report, config.report);
+    write_report(report, config.report, history);
     report.written.push_back("the report " + config.report);
   }
 }
@@ -51,20 +60,26 @@ std::string checkpoint_file(const std::string& checkpoint_dir) {
   return (std::filesystem::path(checkpoint_dir) / "checkpoint.pt").string();
 }
 
-TrainReport run_training(const TrainConfig& config, const DataParallelism& parallel) {
+TrainReport run_training(const TrainConfig& config, const DataParallelism& parallel,
+                         std::shared_ptr<TrainingHistory> history) {
   validate(config);
   for (const auto& [path, flag] : {std::pair{config.report, "--report"}, {config.export_path, "--export"},
                                    {config.log_jsonl, "--log-jsonl"}, {config.trace, "--trace"}}) {
     check_writable(path, flag);
   }
   TrainingSession session(config, load_training_data(config), parallel);
+  if (!history && is_html(config.report)) history = std::make_shared<TrainingHistory>();
+  if (history && session.rank() == 0) {
+    history->describe(config.model, config.validation_split > 0 ? "validation" : "test");
+    session.add_callback(history);
+  }
   TrainReport report;
   try {
     report = session.fit();
   } catch (const TrainingFailure& failure) {
     report = failure.report();
   }
-  if (session.rank() == 0) write_outputs(session, config, report);
+  if (session.rank() == 0) write_outputs(session, config, report, history.get());
   if (report.stop_reason == "failed") throw TrainingError(report.error + "; " + kept(config, report));
   return report;
 }

@@ -66,7 +66,7 @@ void Trainer::resume() {
   resumed_seconds_ = state_.train_seconds;
 }
 
-double Trainer::train_seconds() const { return resumed_seconds_ + timer_.stats().total_s; }
+double Trainer::train_seconds() const { return resumed_seconds_ + timer_.recorded_seconds(); }
 
 void Trainer::save() {
   if (options_.checkpoint_path().empty() || rank_ != 0) return;  // the ranks' states are identical
@@ -144,6 +144,8 @@ StepInfo Trainer::step_info(int64_t epoch, int64_t samples, double loss) const {
   info.lr = schedule_.lr_at(state_.step - 1);
   info.rss_mb = profile::current_rss_mb();
   info.tensor_mb = double(profile::TensorMemory::current_bytes()) / (1 << 20);
+  info.phase_seconds = timer_.last_step();
+  info.train_seconds = train_seconds();
   return info;
 }
 

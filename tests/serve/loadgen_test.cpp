@@ -10,10 +10,6 @@
 #include <random>
 #include <thread>
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include "afterburner/core/error.h"
 #include "afterburner/models/zoo.h"
 #include "afterburner/serve/grpc_server.h"
@@ -388,55 +384,7 @@ TEST(Loadgen, BadOptionsNameTheFlag) {
             "--threads: must be at most --concurrency");
 }
 
-// The CLI as a child process, with both streams in `log`; killed and reaped if the test ends early.
-class CliProcess {
- public:
-  CliProcess(const std::vector<std::string>& args, const std::filesystem::path& log) : log_(log) {
-    std::vector<std::string> argv{afterburner::testing::cli_binary().string()};
-    argv.insert(argv.end(), args.begin(), args.end());
-    pid_ = fork();
-    if (pid_ < 0) throw std::runtime_error("fork failed");
-    if (pid_ == 0) {
-      if (!freopen(log.c_str(), "w", stdout) || !freopen(log.c_str(), "a", stderr)) _exit(127);
-      std::vector<char*> pointers;
-      for (auto& arg : argv) pointers.push_back(arg.data());
-      pointers.push_back(nullptr);
-      execv(pointers[0], pointers.data());
-      _exit(127);
-    }
-  }
-  ~CliProcess() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-  }
-
-  // Waits up to a minute (loading and warming up the models) for `text` in the log.
-  std::string wait_for(const std::string& text) {
-    for (int attempt = 0; attempt < 600; ++attempt) {
-      std::string log = afterburner::testing::read_file(log_);
-      if (log.find(text) != std::string::npos) return log;
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        throw std::runtime_error("exited early: " + log);
-      }
-      std::this_thread::sleep_for(100ms);
-    }
-    throw std::runtime_error("'" + text + "' never appeared in " + afterburner::testing::read_file(log_));
-  }
-
-  int terminate() {
-    kill(pid_, SIGTERM);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
- private:
-  std::filesystem::path log_;
-  pid_t pid_ = -1;
-};
+using afterburner::testing::CliProcess;
 
 TEST(ServeAndLoadgenCommands, ServeAnswersLoadAndStopsOnSigterm) {
   TempDir dir;
@@ -471,7 +419,7 @@ TEST(ServeAndLoadgenCommands, ServeAnswersLoadAndStopsOnSigterm) {
       EXPECT_EQ(result["connection_errors"], 0);
     }
   }
-  EXPECT_EQ(serve.terminate(), 0);
+  EXPECT_EQ(serve.stop(), 0);
   EXPECT_TRUE(Contains(afterburner::testing::read_file(dir / "serve.log"), "afterburner: stopped"));
 }
 
@@ -481,7 +429,7 @@ TEST(ServeAndLoadgenCommands, SigtermWhileLoadingStillExitsCleanly) {
   serve::testing::write_cnn_model(dir / "models", models::make_model("cnn"), serve::testing::cnn_config());
   CliProcess serve({"serve", "--repo", (dir / "models").string(), "--port", "0"}, dir / "serve.log");
   serve.wait_for("afterburner: loading");
-  EXPECT_EQ(serve.terminate(), 0) << afterburner::testing::read_file(dir / "serve.log");
+  EXPECT_EQ(serve.stop(), 0) << afterburner::testing::read_file(dir / "serve.log");
   EXPECT_TRUE(Contains(afterburner::testing::read_file(dir / "serve.log"), "afterburner: stopped"));
 }
 

@@ -214,7 +214,9 @@ TEST(ModelControl, AModelReplacedWhileServingLosesNoRequest) {
     EXPECT_TRUE(first_answered != second_answered) << answer.output;
     by_first += first_answered;
     by_second += second_answered;
-    if (answer.after_swap) EXPECT_TRUE(second_answered);
+    if (answer.after_swap) {
+      EXPECT_TRUE(second_answered);
+    }
   }
   EXPECT_GE(by_first, 30);
   EXPECT_GE(by_second, 30);

@@ -109,6 +109,10 @@ TEST(ModelService, ConcurrentRequestsAreAllAnsweredAndCounted) {
   EXPECT_TRUE(Contains(metrics, "afterburner_request_success_total{model=\"cnn\"} 64\n"));
   EXPECT_TRUE(Contains(metrics, "afterburner_inference_count_total{model=\"cnn\"} 64\n"));
   EXPECT_TRUE(Contains(metrics, "afterburner_pending_requests{model=\"cnn\"} 0\n"));
+  // Each answered request's latency, and each batch's size (which add up to the samples).
+  EXPECT_TRUE(Contains(metrics, "afterburner_request_duration_seconds_count{model=\"cnn\"} 64\n"));
+  EXPECT_TRUE(Contains(metrics, "afterburner_batch_size_sum{model=\"cnn\"} 64\n"));
+  EXPECT_TRUE(Contains(metrics, "afterburner_request_rejected_total{model=\"cnn\"} 0\n"));
 }
 
 TEST(ModelService, BadRequestsAnswerWithAnErrorAndCountAsFailures) {
@@ -143,6 +147,8 @@ TEST(ModelService, AFullQueueRefusesBeforeParsing) {
     service.infer_tensors("cnn", TensorRequest{}, [&](TensorReply reply) { tensor_refused = std::move(reply); });
     EXPECT_EQ(tensor_refused.status, 503);
     EXPECT_EQ(tensor_refused.error, "model 'cnn': queue full (1 requests)");
+    EXPECT_TRUE(Contains(service.metrics(), "afterburner_request_rejected_total{model=\"cnn\"} 2\n"));
+    EXPECT_TRUE(Contains(service.metrics(), "afterburner_request_failure_total{model=\"cnn\"} 2\n"));
   }  // shutting down runs the queued request
   EXPECT_EQ(queued.get_future().get().status, 200);
 }

@@ -7,8 +7,10 @@
 //   server.stop();   // stop accepting; requests handed to the service still get their reply
 //   io.join();
 //
-// Routes: GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}, /v2/models/{name}/ready,
-// /metrics; POST /v2/models/{name}/infer (binary extension: Inference-Header-Content-Length).
+// Routes: GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}[/versions/{v}][/ready],
+// /metrics, /dashboard, /dashboard/data; POST /v2/models/{name}[/versions/{v}]/infer (binary
+// extension: Inference-Header-Content-Length), /v2/repository/index,
+// /v2/repository/models/{name}/load and /unload.
 // Every error is a JSON body {"error": "..."}: 404 unknown path, 405 wrong method, 400 malformed
 // request or bad Inference-Header-Content-Length, 413 body over max_body_bytes, 431 header over
 // max_header_bytes, 408 request not received within read_timeout, 503 over max_connections or

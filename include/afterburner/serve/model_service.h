@@ -108,8 +108,9 @@ class ModelService : public Service {
   // The model `ref` names; else nullptr, with why (a 404) in `not_found`.
   std::shared_ptr<Model> find(ModelRef ref, std::string& not_found) const;
   // The request's inputs to the model's batcher; answers with `encode` of the outputs.
-  static void submit(std::shared_ptr<Model> model, std::vector<at::Tensor> inputs,
-              std::function<Reply(const std::vector<at::Tensor>&)> encode, ReplyCallback reply);
+  static void submit(std::shared_ptr<Model> model, std::chrono::steady_clock::time_point arrival,
+                     std::vector<at::Tensor> inputs, std::function<Reply(const std::vector<at::Tensor>&)> encode,
+                     ReplyCallback reply);
 
   // Model control, on the control thread (see control_loop).
   void start(ModelConfig config);

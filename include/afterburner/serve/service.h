@@ -98,6 +98,12 @@ class Service {
   // does not override them answers 501.
   virtual void load_model(std::string_view model, ReplyCallback reply);
   virtual void unload_model(std::string_view model, ReplyCallback reply);
+
+  // GET /dashboard: a page that plots the service live (monitor/dashboard.h); by default the
+  // serving dashboard, drawn from /metrics.
+  virtual Reply dashboard() const;
+  // GET /dashboard/data: the JSON a dashboard that does not read /metrics fetches; 404 by default.
+  virtual Reply dashboard_data() const;
 };
 
 }  // namespace afterburner::serve

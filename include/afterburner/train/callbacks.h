@@ -11,6 +11,7 @@
 #include <string>
 
 #include "afterburner/core/file_writer.h"
+#include "afterburner/profile/step_timer.h"
 #include "afterburner/train/report.h"
 
 namespace afterburner::train {
@@ -25,6 +26,8 @@ struct StepInfo {
   double loss = 0;                 // mean over the step's micro-batches
   double lr = 0;
   double step_seconds = 0;         // data wait + forward + backward + optimizer
+  profile::StepTimer::PhaseSeconds phase_seconds{};  // this step's, by profile::Phase
+  double train_seconds = 0;        // training time so far, this step's included (across resumes)
   double rss_mb = 0;
   double tensor_mb = 0;
 };

@@ -68,7 +68,8 @@ struct TrainConfig {
   bool resume = false;
   uint64_t seed = 0;
   int64_t threads = 0;             // 0 = LibTorch's default (all cores)
-  std::string report;              // JSON report path
+  std::string report;              // report path: JSON, or .html: the dashboard page with the run inside
+  std::string dashboard;           // [HOST:]PORT of the live dashboard; empty = none
   std::string log_jsonl;           // per-step JSON lines path
   std::string export_path;         // TorchScript of the trained model
   double target_accuracy = 0;      // 0 = off; else stop once test accuracy >= this

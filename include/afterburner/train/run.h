@@ -8,9 +8,11 @@
 //   std::cout << report.summary();
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "afterburner/train/config.h"
+#include "afterburner/train/history.h"
 #include "afterburner/train/replicas.h"
 #include "afterburner/train/report.h"
 
@@ -20,8 +22,11 @@ namespace afterburner::train {
 // the report and the exported model. A run that stops early writes them too: one interrupted
 // (Ctrl-C under a StopOnInterrupt) returns its report, stop_reason "interrupted"; one that
 // fails after training (an evaluation or export error, a NaN loss) throws TrainingError naming
-// the step, the precision and what was written (kept()).
-TrainReport run_training(const TrainConfig& config, const DataParallelism& parallel = {});
+// the step, the precision and what was written (kept()). The run's curves go into `history`
+// where given (a live dashboard reads it, rank 0 records), and a report path ending in .html is
+// the dashboard page with them inside.
+TrainReport run_training(const TrainConfig& config, const DataParallelism& parallel = {},
+                         std::shared_ptr<TrainingHistory> history = nullptr);
 
 // "wrote the checkpoint ck/checkpoint.pt of step 40 (--resume continues), the model m.pt and
 // the report r.json": what `report` says the run wrote at its end.
