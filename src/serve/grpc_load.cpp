@@ -5,9 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 
 #include "afterburner/core/error.h"
 #include "afterburner/serve/loadgen.h"
@@ -56,7 +54,8 @@ int counted_status(const grpc::Status& status) {
 }
 
 // `concurrency` calls in flight on one connection, each followed by the next as it is answered,
-// until the duration is over.
+// until the duration is over: on a completion queue this thread polls, which wakes no other
+// thread (gRPC's callback API would run each answer on a thread of its own).
 class GrpcRun {
  public:
   explicit GrpcRun(LoadOptions options) : options_(std::move(options)), stub_(open_stub(options_.server())) {
@@ -66,69 +65,69 @@ class GrpcRun {
     }
   }
 
+  ~GrpcRun() {
+    queue_.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (queue_.Next(&tag, &ok)) delete static_cast<Call*>(tag);
+  }
+
   load::RunSamples run() {
-    start_ = last_answer_ = Clock::now();
-    deadline_ = start_ + std::chrono::duration_cast<Clock::duration>(
-                             std::chrono::duration<double>(options_.duration_seconds()));
-    in_flight_ = options_.concurrency();
-    for (int i = 0; i < options_.concurrency(); ++i) send();
-    std::unique_lock<std::mutex> lock(mutex_);
-    finished_.wait(lock, [this] { return in_flight_ == 0; });
-    samples_.seconds = std::max(std::chrono::duration<double>(last_answer_ - start_).count(),
-                                options_.duration_seconds());
-    return std::move(samples_);
+    const Clock::time_point start = Clock::now();
+    Clock::time_point last_answer = start;
+    const Clock::time_point deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                                   std::chrono::duration<double>(options_.duration_seconds()));
+    int in_flight = options_.concurrency();
+    for (int i = 0; i < in_flight; ++i) send();
+    load::RunSamples samples;
+    void* tag = nullptr;
+    bool ok = false;
+    while (in_flight > 0 && queue_.Next(&tag, &ok)) {
+      const std::unique_ptr<Call> call(static_cast<Call*>(tag));
+      const Clock::time_point now = Clock::now();
+      const int code = counted_status(call->status);
+      if (code == 0) {
+        ++samples.timeouts;
+      } else {
+        const double latency_ms = std::chrono::duration<double, std::milli>(now - call->started).count();
+        samples.latencies_ms.push_back(latency_ms);
+        if (code == 200) samples.accepted_ms.push_back(latency_ms);
+        ++samples.statuses[code];
+        last_answer = now;
+      }
+      if (now < deadline) {
+        send();
+      } else {
+        --in_flight;
+      }
+    }
+    samples.seconds =
+        std::max(std::chrono::duration<double>(last_answer - start).count(), options_.duration_seconds());
+    return samples;
   }
 
  private:
   struct Call {
     grpc::ClientContext context;
     pb::ModelInferResponse response;
+    grpc::Status status;
     Clock::time_point started = Clock::now();
+    std::unique_ptr<grpc::ClientAsyncResponseReader<pb::ModelInferResponse>> reader;
   };
 
   void send() {
-    auto call = std::make_shared<Call>();
+    auto call = std::make_unique<Call>();
     call->context.set_deadline(std::chrono::system_clock::now() + options_.timeout());  // gRPC takes system time
-    stub_->async()->ModelInfer(&call->context, &request_, &call->response,
-                               [this, call](grpc::Status status) mutable { answered(std::move(call), status); });
-  }
-
-  // On one of gRPC's threads. The call is released here, before `run` can return: its context
-  // holds the channel, and a channel destroyed on gRPC's own callback thread would join that
-  // very thread. The notification is sent under the lock, so `run` cannot return (and destroy
-  // the condition variable) while it is being sent.
-  void answered(std::shared_ptr<Call> call, const grpc::Status& status) {
-    const Clock::time_point now = Clock::now();
-    const Clock::time_point started = call->started;
-    call.reset();
-    std::unique_lock<std::mutex> lock(mutex_);
-    const int code = counted_status(status);
-    if (code == 0) {
-      ++samples_.timeouts;
-    } else {
-      const double latency_ms = std::chrono::duration<double, std::milli>(now - started).count();
-      samples_.latencies_ms.push_back(latency_ms);
-      if (code == 200) samples_.accepted_ms.push_back(latency_ms);
-      ++samples_.statuses[code];
-      last_answer_ = now;
-    }
-    if (now < deadline_) {
-      lock.unlock();
-      return send();
-    }
-    if (--in_flight_ == 0) finished_.notify_all();
+    call->reader = stub_->PrepareAsyncModelInfer(&call->context, request_, &queue_);
+    call->reader->StartCall();
+    Call* tag = call.release();  // the queue hands it back once answered
+    tag->reader->Finish(&tag->response, &tag->status, tag);
   }
 
   const LoadOptions options_;
   pb::ModelInferRequest request_;
   std::unique_ptr<pb::GRPCInferenceService::Stub> stub_;
-  Clock::time_point start_, deadline_;
-
-  std::mutex mutex_;
-  std::condition_variable finished_;
-  int in_flight_ = 0;
-  Clock::time_point last_answer_;
-  load::RunSamples samples_;
+  grpc::CompletionQueue queue_;  // after the stub: drained and gone before the channel
 };
 
 }  // namespace
