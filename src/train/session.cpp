@@ -55,7 +55,8 @@ void check_evaluation_set(TrainingData& data, const std::string& source) {
       data::check_labels(all.target, static_cast<int64_t>(data.classes.size()), source, data.skipped.get());
   if (kept.numel() == 0) throw DataError(source, "none of its labels is a training class");
   if (kept.numel() < all.target.numel()) data.evaluation = std::make_shared<data::SubsetDataset>(data.evaluation, kept);
-  const auto train_shape = data.train->get_batch(torch::zeros({1}, torch::kLong)).input.sizes().slice(1);
+  const data::Batch first_training = data.train->get_batch(torch::zeros({1}, torch::kLong));  // owns the sizes
+  const auto train_shape = first_training.input.sizes().slice(1);
   if (all.input.sizes().slice(1) != train_shape) {
     throw DataError(source, fmt::format("evaluation images of shape {}, the training images {}",
                                         c10::str(all.input.sizes().slice(1)), c10::str(train_shape)));

@@ -101,7 +101,7 @@ std::string url_in(const std::string& log, const std::string& line_start) {
   return url == std::string::npos ? "" : log.substr(url, log.find('\n', url) - url);
 }
 
-TEST(Dashboard, ATrainingRunFillsItsPageAndItsReportOpensLater) {
+TEST(DashboardInABrowser, ATrainingRunFillsItsPageAndItsReportOpensLater) {
   TempDir dir;
   const fs::path report = dir / "run.html";
   CliProcess train(train_args(fashion_mnist_dir(), {{"--epochs", "5"},
@@ -142,7 +142,7 @@ TEST(Dashboard, ATrainingRunFillsItsPageAndItsReportOpensLater) {
   EXPECT_TRUE(fs::is_regular_file(dir / "cnn.pt"));
 }
 
-TEST(Dashboard, AServerPlotsItsMetricsUnderLoad) {
+TEST(DashboardInABrowser, AServerPlotsItsMetricsUnderLoad) {
   TempDir dir;
   const fs::path model_dir = dir / "models" / "cnn" / "1";
   fs::create_directories(model_dir);

@@ -19,6 +19,7 @@
 #include "afterburner/serve/protocol.h"
 #include "cnn_repository.h"
 #include "http_client.h"
+#include "infer/user_models.h"
 #include "running_server.h"
 #include "server_process.h"
 #include "testing.h"
@@ -279,6 +280,33 @@ TEST(ModelControl, PollFollowsTheRepository) {
   EXPECT_TRUE(Contains(log.at(3), "loaded model 'other' version 1")) << log.at(3);
   EXPECT_TRUE(Contains(log.at(4), "unloaded model 'other' version 1 (removed from the repository)")) << log.at(4);
   EXPECT_EQ(log.size(), 5u);  // the broken version is not tried again until its files change
+}
+
+// The user's flow: a server started on version 1, the cnn a user wrote in Python copied in as
+// version 2 and loaded on request; every answer from then on is PyTorch's, at batch 1, 2, 7 and
+// 64, over JSON and binary, and on repeated calls.
+TEST(ModelControl, AVersionLoadedOnRequestAnswersAsPyTorch) {
+  const afterburner::testing::UserModel& python_cnn = afterburner::testing::user_model("cnn_scripted");
+  TempDir repository;
+  CnnVersion first(repository.path(), "cnn", "1");
+  write_file(repository.path() / "cnn" / "config.toml", testing::cnn_config());  // the README's
+  testing::ServerProcess server({"serve", "--repo", repository.path().string(), "--port", "0", "--model-control",
+                                 "explicit", "--load-model", "cnn"});
+  fs::create_directories(repository.path() / "cnn" / "2");
+  fs::copy_file(python_cnn.file, repository.path() / "cnn" / "2" / "model.pt");
+  testing::HttpClient client(server.port());
+  const testing::HttpReply loaded = client.post("/v2/repository/models/cnn/load", "");
+  ASSERT_EQ(loaded.status, 200) << loaded.body;
+  EXPECT_EQ(nlohmann::json::parse(loaded.body)["version"], "2");
+  for (bool binary : {false, true}) {
+    auto runner = [&](const std::vector<at::Tensor>& inputs) {
+      return std::vector<at::Tensor>{testing::infer(client, "cnn", {{"input", inputs.at(0)}}, binary).at(0).second};
+    };
+    const auto check = afterburner::testing::check_path(python_cnn, "serve, version 2 loaded on request", runner,
+                                                        afterburner::testing::kExact);
+    EXPECT_TRUE(check.passed) << (binary ? "binary: " : "JSON: ") << check.failure;
+  }
+  EXPECT_EQ(server.stop(), 0);
 }
 
 // The command: serve polls the repository it was given, and says what it loaded.
