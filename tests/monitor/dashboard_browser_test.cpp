@@ -142,6 +142,22 @@ TEST(DashboardInABrowser, ATrainingRunFillsItsPageAndItsReportOpensLater) {
   EXPECT_TRUE(fs::is_regular_file(dir / "cnn.pt"));
 }
 
+// A bad address is one line naming the flag (exit 2); a port taken is one line naming it (exit 1),
+// before any data loads.
+TEST(DashboardCommand, BadOrTakenAddressesAreOneLine) {
+  for (const char* bad : {"abc", "65536", "host:"}) {
+    EXPECT_TRUE(fails_with(run_cli(train_args(fashion_mnist_dir(), {{"--dashboard", bad}})), 2,
+                           {"--dashboard: '" + std::string(bad) + "'"}));
+  }
+  TempDir dir;
+  CliProcess serve_dashboard(train_args(fashion_mnist_dir(), {{"--epochs", "5"}, {"--dashboard", "0"}}),
+                             dir / "first.log");
+  const std::string taken = url_in(serve_dashboard.wait_for("afterburner: dashboard on "), "afterburner: dashboard on ");
+  const std::string port = taken.substr(taken.rfind(':') + 1, taken.rfind('/') - taken.rfind(':') - 1);
+  EXPECT_TRUE(fails_with(run_cli(train_args(fashion_mnist_dir(), {{"--dashboard", port}})), 1,
+                         {"127.0.0.1:" + port, "cannot listen"}));
+}
+
 TEST(DashboardInABrowser, AServerPlotsItsMetricsUnderLoad) {
   TempDir dir;
   const fs::path model_dir = dir / "models" / "cnn" / "1";
