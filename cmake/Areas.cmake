@@ -5,7 +5,7 @@ target_include_directories(afterburner_deps INTERFACE
   ${JPEG_INCLUDE_DIR} ${TURBOJPEG_INCLUDE_DIR} ${SPNG_INCLUDE_DIR})
 target_link_libraries(afterburner_deps INTERFACE
   ${TORCH_LIBRARIES} ${DNNL_LIBRARY} OpenMP::OpenMP_CXX Threads::Threads ZLIB::ZLIB ${LIBZIP_LIBRARY} ${JPEG_LIBRARY} ${TURBOJPEG_LIBRARY}
-  ${SPNG_LIBRARY} ${CMAKE_DL_LIBS}
+  ${SPNG_LIBRARY} ${LAPACK_LIBRARY} ${CMAKE_DL_LIBS}
   nlohmann_json::nlohmann_json fmt::fmt tomlplusplus::tomlplusplus simdjson::simdjson Boost::headers
   gRPC::grpc++ protobuf::libprotobuf)
 # -Wno-psabi: the kernels pass GCC vectors by value only between always-inlined helpers compiled

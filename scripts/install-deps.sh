@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libtomlplusplus-dev zlib1g-dev libzip-dev
   libboost-dev libsimdjson-dev wrk
+  liblapack-dev                         # linalg: geqp3 (column-pivoted QR) for cqrrpt
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler   # serve's gRPC endpoint (proto/inference.proto)
   libjpeg62-turbo-dev libturbojpeg0-dev libspng-dev   # users' image folders: JPEG and PNG (data/image_file.h)
   libtcmalloc-minimal4                  # the afterburner tool's memory allocator (tools/CMakeLists.txt)

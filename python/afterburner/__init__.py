@@ -25,7 +25,7 @@ import torch as _torch
 
 _torch.ops.load_library(_os.path.join(_os.path.dirname(__file__), "libafterburner_ops.so"))
 
-from . import data, heap, jit, nn, optim  # noqa: E402  (the ops must be loaded first)
+from . import data, heap, jit, linalg, nn, optim  # noqa: E402  (the ops must be loaded first)
 from .frontend import optimize  # noqa: E402
 
-__all__ = ["data", "heap", "jit", "nn", "optim", "optimize"]
+__all__ = ["data", "heap", "jit", "linalg", "nn", "optim", "optimize"]

@@ -26,4 +26,14 @@ ThreadsGuard::~ThreadsGuard() {
   if (previous_blas_ > 0) set_blas_threads(previous_blas_);
 }
 
+BlasThreadsGuard::BlasThreadsGuard() : previous_(at::get_num_threads()), previous_blas_(blas_threads()) {
+  at::set_num_threads(1);
+  if (previous_blas_ > 0) set_blas_threads(previous_);
+}
+
+BlasThreadsGuard::~BlasThreadsGuard() {
+  at::set_num_threads(previous_);
+  if (previous_blas_ > 0) set_blas_threads(previous_blas_);
+}
+
 }  // namespace afterburner

@@ -18,17 +18,18 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// y = relu(x W^T + b) for 2-D x. With g = dL/dy masked to 0 where y <= 0 (torch's relu
-// gradient at exactly 0): dL/dx = g W, dL/dW = g^T x, dL/db = sum over rows of g.
-struct LinearReLUFunction : torch::autograd::Function<LinearReLUFunction> {
+// y = x W^T + b for 2-D x, then relu in place when asked. With g = dL/dy (masked to 0 where the
+// relu's y <= 0, torch's relu gradient at exactly 0): dL/dx = g W, dL/dW = g^T x, dL/db = sum over
+// rows of g.
+struct LinearFunction : torch::autograd::Function<LinearFunction> {
   // The bias is optional rather than an undefined tensor: autograd Functions take no undefined inputs.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               const c10::optional<torch::Tensor>& bias) {
+                               const c10::optional<torch::Tensor>& bias, bool relu) {
     torch::Tensor y = bias ? kernels::addmm(*bias, x, weight.t()) : kernels::mm(x, weight.t());
-    y.relu_();
+    if (relu) y.relu_();
     ctx->saved_data["has_bias"] = bias.has_value();
     // dL/dW needs only x and dL/dx only W: keep each only when the other will be asked for.
-    ctx->save_for_backward({y, weight.requires_grad() ? x : torch::Tensor(),
+    ctx->save_for_backward({relu ? y : torch::Tensor(), weight.requires_grad() ? x : torch::Tensor(),
                             x.requires_grad() ? weight : torch::Tensor()});
     return y;
   }
@@ -38,41 +39,51 @@ struct LinearReLUFunction : torch::autograd::Function<LinearReLUFunction> {
     const torch::Tensor& y = saved[0];
     const torch::Tensor& x = saved[1];
     const torch::Tensor& weight = saved[2];
-    const torch::Tensor g = at::threshold_backward(grad_outputs[0], y, 0);
+    const torch::Tensor g = y.defined() ? at::threshold_backward(grad_outputs[0], y, 0) : grad_outputs[0];
     torch::Tensor grad_x, grad_weight, grad_bias;
     if (ctx->needs_input_grad(0)) grad_x = kernels::mm(g, weight);
     if (ctx->needs_input_grad(1)) grad_weight = kernels::mm(g.t(), x);
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = g.sum(0);
-    return {grad_x, grad_weight, grad_bias};
+    return {grad_x, grad_weight, grad_bias, torch::Tensor()};
   }
 };
 
 std::string shape(const torch::Tensor& tensor) { return tensor.defined() ? c10::str(tensor.sizes()) : "undefined"; }
 
-void check_shapes(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+void check_shapes(const char* op, const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   if (!weight.defined() || weight.dim() != 2) {
-    throw UsageError("linear_relu weight", "expected [out_features, in_features], got " + shape(weight));
+    throw UsageError(std::string(op) + " weight", "expected [out_features, in_features], got " + shape(weight));
   }
   if (!x.defined() || x.dim() == 0 || x.size(-1) != weight.size(1)) {
-    throw UsageError("linear_relu x", "expected [..., " + std::to_string(weight.size(1)) + "] to match weight " +
-                                          shape(weight) + ", got " + shape(x));
+    throw UsageError(std::string(op) + " x", "expected [..., " + std::to_string(weight.size(1)) +
+                                                 "] to match weight " + shape(weight) + ", got " + shape(x));
   }
   if (bias.defined() && (bias.dim() != 1 || bias.size(0) != weight.size(0))) {
-    throw UsageError("linear_relu bias", "expected [" + std::to_string(weight.size(0)) + "] to match weight " +
-                                             shape(weight) + ", got " + shape(bias));
+    throw UsageError(std::string(op) + " bias", "expected [" + std::to_string(weight.size(0)) +
+                                                    "] to match weight " + shape(weight) + ", got " + shape(bias));
   }
+}
+
+torch::Tensor linear_maybe_relu(const char* op, const torch::Tensor& x, const torch::Tensor& weight,
+                                const torch::Tensor& bias, bool relu) {
+  check_shapes(op, x, weight, bias);
+  const torch::Tensor rows = x.reshape({-1, x.size(-1)});
+  const auto optional_bias = bias.defined() ? c10::make_optional(autocast_argument(bias)) : c10::nullopt;
+  const torch::Tensor y =
+      LinearFunction::apply(autocast_argument(rows), autocast_argument(weight), optional_bias, relu);
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = weight.size(0);
+  return y.view(sizes);
 }
 
 }  // namespace
 
 torch::Tensor linear_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-  check_shapes(x, weight, bias);
-  const torch::Tensor rows = x.reshape({-1, x.size(-1)});
-  const auto optional_bias = bias.defined() ? c10::make_optional(autocast_argument(bias)) : c10::nullopt;
-  const torch::Tensor y = LinearReLUFunction::apply(autocast_argument(rows), autocast_argument(weight), optional_bias);
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes.back() = weight.size(0);
-  return y.view(sizes);
+  return linear_maybe_relu("linear_relu", x, weight, bias, true);
+}
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  return linear_maybe_relu("linear", x, weight, bias, false);
 }
 
 LinearReLUImpl::LinearReLUImpl(const LinearReLUOptions& options) : options(options) { reset(); }

@@ -1,6 +1,5 @@
 #include "afterburner/sketch/operators.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
@@ -12,6 +11,8 @@
 #include <vector>
 
 #include "afterburner/core/error.h"
+#include "afterburner/core/random.h"
+#include "signs.h"
 
 namespace afterburner::sketch {
 namespace {
@@ -50,21 +51,6 @@ void check_options(const SketchOptions& o) {
     throw UsageError("SketchOptions nonzeros_per_column", fmt::format("must be between 1 and sketch_dim ({}), got {}",
                                                                       o.sketch_dim(), o.nonzeros_per_column()));
   }
-}
-
-// One seed drawn from torch's default generator, so that torch::manual_seed governs it.
-uint64_t draw_seed() {
-  return static_cast<uint64_t>(torch::randint(0, std::numeric_limits<int64_t>::max(), {1}, torch::kLong).item<int64_t>());
-}
-
-// splitmix64's finaliser. Torch's mt19937 streams for nearby seeds are not independent enough:
-// over Gaussian sketches drawn with seeds 0..399, ||S x||^2 / ||x||^2 spread 1.6x wider than the
-// chi-square it follows (0.28 against 0.18 for m = 64); through this mix it does not.
-uint64_t mix_seed(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
 }
 
 // +-1 with equal probability, as int8.
@@ -277,7 +263,7 @@ std::string to_string(SketchKind kind) {
 SketchOperator::SketchOperator(const SketchOptions& options) : options_(options) {
   check_options(options_);
   if (!options_.seed()) options_.seed(draw_seed());
-  at::Generator generator = at::detail::createCPUGenerator(mix_seed(*options_.seed()));
+  at::Generator generator = seeded_generator(*options_.seed());
   const int64_t n = options_.input_dim(), m = options_.sketch_dim();
   const double scale = 1.0 / std::sqrt(static_cast<double>(m));
   switch (options_.kind()) {

@@ -1,9 +1,14 @@
 #include "afterburner/sketch/sklinear.h"
 
+#include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/init.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "afterburner/core/error.h"
@@ -23,10 +28,10 @@ int64_t padded_width(int64_t width) {
 
 using detail::shape;
 
-// S1s [L, d_in, k], S2s [L, k, d_out], U1s [L, k, d_out], U2s [L, d_in, k], bias [d_out] or
-// undefined, input [..., d_in]; throws UsageError naming the first tensor that does not fit.
-void check_sklinear_shapes(const torch::Tensor& input, const torch::Tensor& S1s, const torch::Tensor& S2s,
-                           const torch::Tensor& U1s, const torch::Tensor& U2s, const torch::Tensor& bias) {
+// S1s [L, d_in, k], S2s [L, k, d_out], U1s [L, k, d_out], U2s [L, d_in, k]; throws UsageError
+// naming the first tensor that does not fit.
+void check_sklinear_shapes(const torch::Tensor& S1s, const torch::Tensor& S2s, const torch::Tensor& U1s,
+                           const torch::Tensor& U2s) {
   if (S1s.dim() != 3) throw UsageError("SKLinear S1s", "expected [terms, in_features, rank], got " + shape(S1s));
   const int64_t terms = S1s.size(0), in = S1s.size(1), rank = S1s.size(2);
   if (S2s.dim() != 3 || S2s.size(0) != terms || S2s.size(1) != rank) {
@@ -39,6 +44,15 @@ void check_sklinear_shapes(const torch::Tensor& input, const torch::Tensor& S1s,
   if (!U2s.sizes().equals({terms, in, rank})) {
     throw UsageError("SKLinear U2s", fmt::format("expected [{}, {}, {}], got {}", terms, in, rank, shape(U2s)));
   }
+}
+
+// bias [d_out] or undefined, input [..., d_in] for factors [d_in, w] and [w, d_out].
+void check_factored_operands(const torch::Tensor& input, const SKLinearFactors& factors, const torch::Tensor& bias) {
+  if (factors.first.dim() != 2 || factors.second.dim() != 2 || factors.first.size(1) != factors.second.size(0)) {
+    throw UsageError("SKLinear factors", fmt::format("expected [in_features, w] and [w, out_features], got {} and {}",
+                                                     shape(factors.first), shape(factors.second)));
+  }
+  const int64_t in = factors.first.size(0), out = factors.second.size(1);
   if (bias.defined() && !bias.sizes().equals({out})) {
     throw UsageError("SKLinear bias", fmt::format("expected [{}], got {}", out, shape(bias)));
   }
@@ -85,24 +99,33 @@ SKLinearTensors initial_sklinear_tensors(const SKLinearOptions& options, const t
   return tensors;
 }
 
-torch::Tensor sketched_linear(const torch::Tensor& input, const torch::Tensor& S1s, const torch::Tensor& S2s,
-                              const torch::Tensor& U1s, const torch::Tensor& U2s, const torch::Tensor& bias) {
-  check_sklinear_shapes(input, S1s, S2s, U1s, U2s, bias);
+SKLinearFactors sklinear_factors(const torch::Tensor& S1s, const torch::Tensor& S2s, const torch::Tensor& U1s,
+                                 const torch::Tensor& U2s) {
+  check_sklinear_shapes(S1s, S2s, U1s, U2s);
   const int64_t terms = S1s.size(0), in = S1s.size(1), out = S2s.size(2);
   const int64_t columns = terms * S1s.size(2);
-  const torch::Tensor rows = input.reshape({-1, in});
   // Zero columns of `first` and rows of `second` up to padded_width(2Lk) leave the product as it is.
   const int64_t padding = padded_width(2 * columns) - 2 * columns;
-  const torch::Tensor first = torch::cat({S1s.permute({1, 0, 2}).reshape({in, columns}),
-                                          U2s.permute({1, 0, 2}).reshape({in, columns}),
-                                          torch::zeros({in, padding}, S1s.options())}, 1);  // [d_in, 2Lk + padding]
-  const torch::Tensor second = torch::cat({U1s.reshape({columns, out}), S2s.reshape({columns, out}),
-                                           torch::zeros({padding, out}, S2s.options())}, 0);  // [2Lk + padding, d_out]
-  const double scale = 1.0 / (2.0 * static_cast<double>(terms));
-  torch::Tensor y = kernels::low_rank_linear(rows, first, second, bias, scale);
+  return {torch::cat({S1s.permute({1, 0, 2}).reshape({in, columns}), U2s.permute({1, 0, 2}).reshape({in, columns}),
+                      torch::zeros({in, padding}, S1s.options())},
+                     1),
+          torch::cat({U1s.reshape({columns, out}), S2s.reshape({columns, out}), torch::zeros({padding, out}, S2s.options())},
+                     0),
+          1.0 / (2.0 * static_cast<double>(terms))};
+}
+
+torch::Tensor sketched_linear(const torch::Tensor& input, const SKLinearFactors& factors, const torch::Tensor& bias) {
+  check_factored_operands(input, factors, bias);
+  const torch::Tensor rows = input.reshape({-1, factors.first.size(0)});
+  torch::Tensor y = kernels::low_rank_linear(rows, factors.first, factors.second, bias, factors.scale);
   std::vector<int64_t> sizes = input.sizes().vec();
-  sizes.back() = out;
+  sizes.back() = factors.second.size(1);
   return y.view(sizes);
+}
+
+torch::Tensor sketched_linear(const torch::Tensor& input, const torch::Tensor& S1s, const torch::Tensor& S2s,
+                              const torch::Tensor& U1s, const torch::Tensor& U2s, const torch::Tensor& bias) {
+  return sketched_linear(input, sklinear_factors(S1s, S2s, U1s, U2s), bias);
 }
 
 SKLinearImpl::SKLinearImpl(const SKLinearOptions& options, const torch::Tensor& dense_weight)
@@ -120,8 +143,50 @@ void SKLinearImpl::reset() {
   if (options.bias()) bias = register_parameter("bias", tensors.bias);
 }
 
+struct SKLinearImpl::KeptFactors {
+  // Made of these tensors (held, so that their memory is not reused by others) at these versions.
+  std::vector<torch::Tensor> sources;
+  std::vector<const void*> data;
+  std::vector<int64_t> versions;
+  bool inference_mode = false;
+  SKLinearFactors factors;
+
+  static std::vector<torch::Tensor> sources_of(const SKLinearImpl& layer) {
+    return {layer.S1s, layer.S2s, layer.U1s, layer.U2s};
+  }
+
+  bool made_of(const std::vector<torch::Tensor>& now) const {
+    if (inference_mode != c10::InferenceMode::is_enabled()) return false;
+    for (std::size_t i = 0; i < now.size(); ++i) {
+      if (!now[i].is_same(sources[i]) || now[i].data_ptr() != data[i] || now[i]._version() != versions[i]) return false;
+    }
+    return true;
+  }
+};
+
 torch::Tensor SKLinearImpl::forward(const torch::Tensor& input) {
-  return sketched_linear(input, S1s, S2s, U1s, U2s, bias);
+  const bool needs_gradient = torch::GradMode::is_enabled() && (S1s.requires_grad() || S2s.requires_grad());
+  std::vector<torch::Tensor> sources = KeptFactors::sources_of(*this);
+  // Inference tensors keep no version counter: their changes cannot be seen.
+  const bool versioned = std::none_of(sources.begin(), sources.end(), [](const torch::Tensor& t) { return t.is_inference(); });
+  if (needs_gradient || !versioned) {
+    std::atomic_store(&kept_, std::shared_ptr<KeptFactors>());  // training: free them
+    return sketched_linear(input, S1s, S2s, U1s, U2s, bias);
+  }
+  // Calls from several threads each see whole factors (shared_ptr's atomic access).
+  std::shared_ptr<KeptFactors> kept = std::atomic_load(&kept_);
+  if (!kept || !kept->made_of(sources)) {
+    kept = std::make_shared<KeptFactors>();
+    kept->factors = sklinear_factors(S1s, S2s, U1s, U2s);
+    kept->inference_mode = c10::InferenceMode::is_enabled();
+    for (const torch::Tensor& source : sources) {
+      kept->data.push_back(source.data_ptr());
+      kept->versions.push_back(source._version());
+    }
+    kept->sources = std::move(sources);
+    std::atomic_store(&kept_, kept);
+  }
+  return sketched_linear(input, kept->factors, bias);
 }
 
 void SKLinearImpl::pretty_print(std::ostream& stream) const {

@@ -4,7 +4,7 @@
 //
 // Precisions: all ops fp32; bf16 tensors for all but the optimizers (FlatSGD/FlatAdamW refuse
 // them: fp32 master weights only, tested below); bf16 autocast for the ops that follow autocast
-// (linear_relu, Conv2dReLU, low_rank_linear, fuse, attention, gelu, layer_norm, add_activation); fp64 where the
+// (linear_relu, linear, Conv2dReLU, low_rank_linear, fuse, attention, gelu, layer_norm, add_activation); fp64 where the
 // op has a path of its own (gelu's, layer_norm's and add_activation's are LibTorch's).
 // mm and addmm are the building blocks inside autograd functions and run there in the dtype they
 // are given, and addmm_fused serves inference graphs in theirs, so they are checked on fp32, bf16
@@ -119,15 +119,16 @@ OpCase gemm_with_autograd_case() {
 }
 
 // Shapes {M, K, N, has bias}; for M = 6, x is [2, 3, K], to cover leading dimensions.
-OpCase linear_relu_case() {
-  return {"linear_relu",
+OpCase linear_case(bool relu) {
+  return {relu ? "linear_relu" : "linear",
           {P::fp32, P::bf16, P::autocast_bf16, P::fp64},
           {{1, 7, 5, 1}, {13, 17, 11, 1}, {4, 1, 3, 0}, {1, 1, 1, 1}, {6, 31, 2, 1}},
           kMatrixLayouts,
-          [](Inputs& in, const Shape& s, Layout l) {
+          [relu](Inputs& in, const Shape& s, Layout l) {
             const auto x = s[0] == 6 ? in.random({2, 3, s[1]}, l) : in.random({s[0], s[1]}, l);
             const auto weight = in.random({s[2], s[1]}, l);
             const auto bias = s[3] ? in.random({s[2]}, l) : torch::Tensor();
+            if (!relu) return Trial{[=] { return kernels::linear(x, weight, bias); }, [=] { return F::linear(x, weight, bias); }};
             return Trial{[=] { return kernels::linear_relu(x, weight, bias); },
                          [=] { return torch::relu(F::linear(x, weight, bias)); }};
           }};
@@ -465,7 +466,8 @@ TEST_P(KernelContract, HoldsForEveryPrecisionShapeAndLayout) { expect_kernel_con
 // (Python's torch too).
 INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
                          ::testing::Values(mm_case(), addmm_case(), addmm_fused_case(), gemm_with_autograd_case(),
-                                           differentiated_twice(linear_relu_case()),
+                                           differentiated_twice(linear_case(true)),
+                                           differentiated_twice(linear_case(false)),
                                            differentiated_twice(linear_relu_module_case()),
                                            differentiated_twice(conv_relu_case(), {P::fp32}),
                                            differentiated_twice(depthwise_conv_case(), {P::fp32}),

@@ -78,6 +78,40 @@ def test_sklinear_loads_a_panther_state_dict_and_runs_in_torchscript():
         torch.testing.assert_close(module(x).double(), F.relu(expected), rtol=1e-4, atol=1e-4)
 
 
+def test_sklinear_inference_reuses_its_operands_only_while_its_tensors_are_unchanged():
+    torch.manual_seed(3)
+    layer = abnn.SKLinear(96, 40, num_terms=2, low_rank=5)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.05)
+    x = torch.randn(7, 96)
+
+    def expect_current():
+        for _ in range(2):  # the second call from the kept operands
+            expected = sketched_reference(x, layer.S1s, layer.S2s, layer.U1s, layer.U2s, layer.bias)
+            torch.testing.assert_close(layer(x).double(), expected.detach(), rtol=1e-4, atol=1e-4)
+
+    for step in range(2):  # training steps between evaluations, as a training loop interleaves them
+        with torch.no_grad():
+            expect_current()
+        optimizer.zero_grad()
+        layer(x).square().sum().backward()
+        optimizer.step()
+        assert layer.S1s.grad is not None and layer.S1s.grad.abs().sum() > 0
+    with torch.inference_mode():
+        expect_current()
+    with torch.no_grad():
+        layer.load_state_dict({name: torch.randn_like(t) for name, t in layer.state_dict().items()})
+        expect_current()
+        layer.U2s.neg_()
+        expect_current()
+        layer.S2s = torch.nn.Parameter(torch.randn_like(layer.S2s))
+        expect_current()
+        clone = copy.deepcopy(layer)
+        clone.S1s.zero_()
+        torch.testing.assert_close(clone(x).double(), sketched_reference(x, clone.S1s, clone.S2s, clone.U1s,
+                                                                         clone.U2s, clone.bias), rtol=1e-4, atol=1e-4)
+        expect_current()
+
+
 def test_sklinear_rejects_bad_shapes_in_one_line():
     layer = abnn.SKLinear(20, 10, num_terms=1, low_rank=2)
     with pytest.raises(RuntimeError, match=r"SKLinear input: expected \[\.\.\., 20\]"):

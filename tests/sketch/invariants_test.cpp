@@ -15,6 +15,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/sketch/operators.h"
+#include "afterburner/sketch/rand_attention.h"
 #include "afterburner/sketch/sequential.h"
 #include "afterburner/sketch/skconv2d.h"
 #include "afterburner/sketch/sklinear.h"
@@ -123,16 +124,55 @@ OpCase sketched_sequential_case() {
           }};
 }
 
+// Self-attention on one input; shapes {B, L, E, H, m, causal}: one sequence of 3, odd sizes, and
+// 130 positions crossing the causal blocks of 128. The reference is Panther's per-position loop
+// in double, rounded to the input's dtype: in fp32 that loop's own rounding over 130 positions
+// (gradients off by 20x for the smallest entries) is larger than the layer's. fp32 tolerance
+// 5e-5: the features' exponentials amplify the rounding of x P^T, and gradients differ from the
+// double by up to 1.1e-5 relative (measured). Expanded, the batch of one sequence holds one
+// token three times: q and k then do not matter, and their gradients are rounding noise (6e-6).
+OpCase rand_attention_case() {
+  OpCase c{"RandMultiHeadAttention",
+          {P::fp32, P::bf16, P::autocast_bf16},
+          {{1, 3, 8, 2, 4, 0}, {2, 7, 12, 3, 5, 1}, {3, 9, 6, 1, 7, 0}, {2, 130, 8, 2, 6, 1}},
+          kMatrixLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            sketch::RandMultiHeadAttention layer(
+                sketch::RandMultiHeadAttentionOptions(s[2], s[3], s[4]).causal(s[5] != 0).seed(3));
+            {
+              torch::NoGradGuard no_grad;
+              for (auto* b : {&layer->bq, &layer->bk, &layer->bv, &layer->b0}) b->normal_(0, 0.1);
+            }
+            layer->to(in.dtype());
+            in.watch(*layer);
+            const auto x = in.random({s[0], s[1], s[2]}, l);
+            return Trial{[=]() mutable { return layer(x, x, x); },
+                         [=] {
+                           const auto d = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
+                           const torch::Tensor exact = sketch::reference::rand_mha(
+                               d(x), d(x), d(x), d(layer->Wq), d(layer->Wk), d(layer->Wv), d(layer->W0),
+                               d(layer->bq), d(layer->bk), d(layer->bv), d(layer->b0), d(layer->projection_matrix),
+                               s[3], true, s[5] != 0);
+                           return in_autocast_dtype(exact.to(x.scalar_type()));
+                         }};
+          }};
+  c.tolerance = [](Precision p) { return p == P::fp32 ? Tolerance{5e-5, 5e-5} : default_tolerance(p); };
+  return c;
+}
+
 // Every case with its second-order gradients: all these backwards are differentiable. SKConv2d's
 // in fp32 only: in LibTorch 1.13 the double backward of a bf16 conv2d throws a channel-count error
 // of its own (Python's torch too). Finite inputs only: on NaN and infinities the sketched layers
 // (SKLinear's gradients, sketch_sequential) and the sparse operators (count, SJLT) place NaN
 // where these dense definitions do not (a sparse operator skips the zeros that the dense matrix
-// multiplies an infinity by), and which answer a sketched layer owes is for the sketch area to
-// settle (issue 25 covered the kernels area).
+// multiplies an infinity by), RandMultiHeadAttention's causal blocks multiply a later value's NaN
+// by its mask's 0 (the earlier rows of its block of 128 come out NaN where Panther's loop keeps
+// them finite), and which answer a sketched layer owes is for the sketch area to settle (issue 25
+// covered the kernels area).
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> cases{differentiated_twice(sklinear_case()), differentiated_twice(skconv2d_case(), {P::fp32}),
-                            differentiated_twice(sketched_sequential_case())};
+                            differentiated_twice(sketched_sequential_case()),
+                            differentiated_twice(rand_attention_case(), {P::fp32})};
   for (const SketchKind kind :
        {SketchKind::gaussian, SketchKind::sign, SketchKind::sjlt, SketchKind::count, SketchKind::srht}) {
     cases.push_back(differentiated_twice(operator_case(kind, false)));

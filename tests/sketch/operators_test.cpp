@@ -296,9 +296,10 @@ TEST(SketchOperator, RejectsSizesOutOfRangeNamingTheOption) {
       {SketchOptions(SketchKind::sjlt, 10, 3).nonzeros_per_column(4), "nonzeros_per_column"},
       {SketchOptions(SketchKind::sjlt, 10, 3).nonzeros_per_column(0), "nonzeros_per_column"},
   };
-  for (const auto& [options, field] : cases) {
+  for (const auto& option_case : cases) {  // (a lambda cannot capture a structured binding in C++17)
+    const SketchOptions& options = option_case.first;
     const std::string message = error_message<UsageError>([&] { SketchOperator{options}; });
-    EXPECT_TRUE(Contains(message, "SketchOptions " + field)) << message;
+    EXPECT_TRUE(Contains(message, "SketchOptions " + option_case.second)) << message;
   }
   // The count sketch has one nonzero per column whatever nonzeros_per_column says.
   const SketchOperator count(SketchOptions(SketchKind::count, 10, 2).nonzeros_per_column(4));

@@ -276,8 +276,9 @@ TEST(SKConv2d, BadOptionsNameTheField) {
       {SKConv2dOptions(3, 8, 3).terms(0), "SKConv2d terms: must be at least 1, got 0"},
       {SKConv2dOptions(3, 8, 3).rank(-2), "SKConv2d rank: must be at least 1, got -2"},
   };
-  for (const auto& [options, message] : cases) {
-    EXPECT_TRUE(Contains(testing::error_message<UsageError>([&] { SKConv2d{options}; }), message));
+  for (const auto& option_case : cases) {  // (a lambda cannot capture a structured binding in C++17)
+    const SKConv2dOptions& options = option_case.first;
+    EXPECT_TRUE(Contains(testing::error_message<UsageError>([&] { SKConv2d{options}; }), option_case.second));
   }
 }
 

@@ -121,6 +121,61 @@ TEST(SKLinear, BadSizesAndInputsNameTheField) {
                        "SKLinear input: expected [..., 8], got [2, 7]"));
 }
 
+// The layer's answer made from its tensors as they are now, in double.
+torch::Tensor definition(const SKLinear& layer, const torch::Tensor& x) {
+  auto d = [](const torch::Tensor& t) { return t.detach().to(torch::kDouble); };
+  return reference::sklinear(d(x), d(layer->S1s), d(layer->S2s), d(layer->U1s), d(layer->U2s), d(layer->bias));
+}
+
+// Without gradients the layer reuses its GEMM operands: the answers stay those of its tensors as
+// they are at each call, through in-place updates, loaded state, a swapped parameter and modes.
+TEST(SKLinear, OperandsKeptForInferenceFollowEveryChangeOfTheTensors) {
+  torch::manual_seed(11);
+  SKLinear layer(SKLinearOptions(96, 40).terms(2).rank(5));
+  const torch::Tensor x = torch::randn({7, 96});
+  torch::NoGradGuard no_grad;
+  const torch::Tensor first = layer(x);
+  EXPECT_LE(reference::relative_error(first, definition(layer, x)), 1e-5);
+  EXPECT_TRUE(torch::equal(layer(x), first));  // a second call, from the kept operands
+
+  layer->S1s.mul_(-2);  // an optimizer's in-place step
+  EXPECT_LE(reference::relative_error(layer(x), definition(layer, x)), 1e-5);
+  layer->S2s.copy_(torch::randn_like(layer->S2s));  // load_state_dict's copy
+  EXPECT_LE(reference::relative_error(layer(x), definition(layer, x)), 1e-5);
+  layer->U2s.neg_();  // a buffer changes too
+  EXPECT_LE(reference::relative_error(layer(x), definition(layer, x)), 1e-5);
+  layer->S1s.set_data(torch::randn_like(layer->S1s));  // same tensor, other memory
+  EXPECT_LE(reference::relative_error(layer(x), definition(layer, x)), 1e-5);
+  {
+    c10::InferenceMode inference;
+    EXPECT_LE(reference::relative_error(layer(x), definition(layer, x)), 1e-5);
+  }
+  SKLinear copy(std::dynamic_pointer_cast<SKLinearImpl>(layer->clone()));
+  copy->S2s.zero_();
+  EXPECT_LE(reference::relative_error(copy(x), definition(copy, x)), 1e-5);
+  EXPECT_LE(reference::relative_error(layer(x), definition(layer, x)), 1e-5);  // the original's own
+}
+
+// Operands kept under inference mode are inference tensors; a later call that records a graph
+// (the input wants a gradient) must not save them.
+TEST(SKLinear, OperandsKeptInInferenceModeAreNotSavedForBackward) {
+  torch::manual_seed(12);
+  SKLinear layer(SKLinearOptions(32, 16).terms(1).rank(4));
+  for (auto& parameter : layer->parameters()) parameter.requires_grad_(false);
+  const torch::Tensor x = torch::randn({3, 32});
+  torch::Tensor expected;
+  {
+    c10::InferenceMode inference;
+    expected = layer(x);
+  }
+  const torch::Tensor input = x.clone().requires_grad_();
+  const torch::Tensor y = layer(input);
+  EXPECT_TRUE(torch::equal(y.detach(), expected));
+  const torch::Tensor grad = torch::autograd::grad({y.sum()}, {input})[0];
+  const torch::Tensor dense = definition(layer, torch::eye(32)) - definition(layer, torch::zeros({1, 32}));
+  EXPECT_LE(reference::relative_error(grad, dense.sum(1).expand({3, 32})), 1e-5);
+}
+
 TEST(SKLinear, SavingNothingIsDetected) {
   EXPECT_FALSE(sketch_saves_nothing(SKLinearOptions(1024, 768).terms(2).rank(16)));
   EXPECT_TRUE(sketch_saves_nothing(SKLinearOptions(64, 64).terms(2).rank(16)));

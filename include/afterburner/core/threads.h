@@ -1,4 +1,4 @@
-// RAII for LibTorch's intra-op thread count, and OpenBLAS's with it.
+// RAII for LibTorch's intra-op thread count, and OpenBLAS's with it or beside it.
 //
 //   {
 //     afterburner::ThreadsGuard threads(1);  // deterministic single-thread section
@@ -20,6 +20,22 @@ class ThreadsGuard {
   ~ThreadsGuard();
   ThreadsGuard(const ThreadsGuard&) = delete;
   ThreadsGuard& operator=(const ThreadsGuard&) = delete;
+
+ private:
+  int previous_;
+  int previous_blas_;
+};
+
+// For work made of BLAS calls with small LibTorch ops between them (the randomized
+// factorizations): LibTorch's pool at one thread, since its idle OpenMP threads spin on the cores
+// OpenBLAS's own threads then need (a randomized SVD ran 3.7x slower, measured), and OpenBLAS at
+// LibTorch's previous count. Both restored at the end of the scope.
+class BlasThreadsGuard {
+ public:
+  BlasThreadsGuard();
+  ~BlasThreadsGuard();
+  BlasThreadsGuard(const BlasThreadsGuard&) = delete;
+  BlasThreadsGuard& operator=(const BlasThreadsGuard&) = delete;
 
  private:
   int previous_;

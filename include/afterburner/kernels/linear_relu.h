@@ -11,6 +11,7 @@
 //   auto fused = kernels::LinearReLUImpl::from_linear(trained);  // same weight and bias tensors
 //
 //   torch::Tensor y = kernels::linear_relu(x, weight, bias);    // functional form; bias may be {}
+//   torch::Tensor z = kernels::linear(x, weight, bias);         // the same without the ReLU
 #pragma once
 
 #include <torch/nn/cloneable.h>
@@ -26,6 +27,10 @@ namespace afterburner::kernels {
 // relu(x W^T + b) for x of shape [..., in_features], weight [out_features, in_features] and
 // bias [out_features] or undefined; the result has shape [..., out_features].
 torch::Tensor linear_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+
+// x W^T + b (torch::linear's result) as one autograd node on the same GEMMs: LibTorch sends fp32
+// products to OpenBLAS, whose thread pool competes with the OpenMP one (kernels/gemm.h).
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
 // Same options as torch::nn::Linear, so its configuration carries over unchanged.
 using LinearReLUOptions = torch::nn::LinearOptions;

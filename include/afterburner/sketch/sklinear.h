@@ -19,6 +19,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <ostream>
 
 namespace afterburner::sketch {
@@ -50,6 +51,12 @@ class SKLinearImpl : public torch::nn::Cloneable<SKLinearImpl> {
   torch::Tensor S1s, S2s, U1s, U2s, bias;  // the names of Panther's layer; bias undefined without it
 
  private:
+  // The factors of the last call that needed no gradient for S1s and S2s, and what they were made
+  // of: reused while those tensors are the same ones, unchanged (their version counters), and the
+  // inference mode the same. Remaking them is two copies of the layer's weights per call (at
+  // 4096 x 4096, L 2, k 64, most of an inference call's time).
+  struct KeptFactors;
+  std::shared_ptr<KeptFactors> kept_;
   torch::Tensor dense_weight_;  // only to initialise; not kept as a parameter
 };
 
@@ -66,6 +73,22 @@ SKLinearTensors initial_sklinear_tensors(const SKLinearOptions& options, const t
 // the op afterburner::sklinear. Throws UsageError naming the first tensor whose shape does not fit.
 torch::Tensor sketched_linear(const torch::Tensor& input, const torch::Tensor& S1s, const torch::Tensor& S2s,
                               const torch::Tensor& U1s, const torch::Tensor& U2s, const torch::Tensor& bias);
+
+// The two GEMM operands of that forward: first = [S1_1 .. S1_L, U2_1 .. U2_L] [d_in, w] and
+// second = [U1_1; ..; U1_L; S2_1; ..; S2_L] [w, d_out] (w = 2Lk, zero-padded to a width the GEMM
+// runs faster at), and scale = 1/(2L). Differentiable in S1s and S2s. Throws UsageError naming
+// the first tensor whose shape does not fit.
+struct SKLinearFactors {
+  torch::Tensor first, second;
+  double scale = 1.0;
+};
+SKLinearFactors sklinear_factors(const torch::Tensor& S1s, const torch::Tensor& S2s, const torch::Tensor& U1s,
+                                 const torch::Tensor& U2s);
+
+// y = scale (input first) second + bias for input [..., d_in]: the forward from factors made
+// once (the op afterburner::sklinear_factored). Throws UsageError for an input or bias that does
+// not fit.
+torch::Tensor sketched_linear(const torch::Tensor& input, const SKLinearFactors& factors, const torch::Tensor& bias);
 
 // True when 2Lk(d_in + d_out) > d_in d_out: the sketched layer has more parameters than the
 // dense one.

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from . import functional
 
-__all__ = ["SKLinear", "SKConv2d", "ReluMaxPool2d", "LinearReLU", "Conv2dReLU", "fuse", "FuseReport", "functional"]
+__all__ = ["SKLinear", "SKConv2d", "RandMultiHeadAttention", "make_performer", "ReluMaxPool2d", "LinearReLU", "Conv2dReLU", "fuse", "FuseReport", "functional"]
 
 
 class SKLinear(torch.nn.Module):
@@ -48,7 +48,31 @@ class SKLinear(torch.nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, input: Tensor) -> Tensor:
+        if not torch.jit.is_scripting() and self._factors_can_stay():
+            return torch.ops.afterburner.sklinear_factored(input, *self._kept_factors(), self.bias)
         return torch.ops.afterburner.sklinear(input, self.S1s, self.S2s, self.U1s, self.U2s, self.bias)
+
+    # Where no gradient is wanted for S1s and S2s (inference), the GEMMs' operands are made once
+    # and reused while the four tensors are the same ones, unchanged (their version counters), as
+    # the C++ SKLinear does: remaking them is two copies of the weights per call.
+    @torch.jit.unused
+    def _factors_can_stay(self) -> bool:
+        sources = (self.S1s, self.S2s, self.U1s, self.U2s)
+        if (torch.is_grad_enabled() and (self.S1s.requires_grad or self.S2s.requires_grad)) or \
+                any(t.is_inference() for t in sources):  # inference tensors keep no version counter
+            self.__dict__.pop("_factors", None)
+            return False
+        return True
+
+    @torch.jit.unused
+    def _kept_factors(self) -> Tuple[Tensor, Tensor, float]:
+        sources = (self.S1s, self.S2s, self.U1s, self.U2s)
+        key = tuple((t.data_ptr(), t._version) for t in sources) + (torch.is_inference_mode_enabled(),)
+        kept = self.__dict__.get("_factors")
+        if kept is None or kept[1] != key or any(a is not b for a, b in zip(kept[0], sources)):
+            kept = (sources, key, torch.ops.afterburner.sklinear_factors(*sources))
+            self.__dict__["_factors"] = kept
+        return kept[2]
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, num_terms={self.num_terms}, "
@@ -114,6 +138,99 @@ class SKConv2d(torch.nn.Module):
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
                 f"padding={self.padding}, num_terms={self.num_terms}, low_rank={self.low_rank}, "
                 f"bias={self.bias is not None}")
+
+
+class RandMultiHeadAttention(torch.nn.Module):
+    """Multi-head attention with random features in place of the softmax (Performer's FAVOR+, as
+    panther.nn.RandMultiHeadAttention): linear in the sequence length, batch first.
+
+    forward(query [B, L, E], key, value [B, S, E], attention_mask=None) -> (out [B, L, E], None).
+    Parameters Wq, Wk, Wv, W0 [E, E] (torch.nn.Linear's layout), bq, bk, bv, b0 [E], buffer
+    projection_matrix [num_random_features, E // num_heads]: Panther's names, so its state_dicts
+    load. kernel_fn "softmax" (features estimating exp(q.k / sqrt(d))) or "relu". iscausal: query i
+    sees keys 0..i. dropout (in training) drops whole keys of a head, scaled by 1 / (1 - p), the
+    normaliser unchanged: nn.MultiheadAttention's expectation without the [L, S] weights.
+    attention_mask: bool [B, L, S], true = may attend (Panther's meaning), of whole query rows and
+    key columns only (padding). The projection is drawn from a generator of its own seeded by
+    `seed` (None: a seed drawn from torch's generator, which is never reseeded).
+    """
+
+    __constants__ = ["embed_dim", "num_heads", "dropout", "kernel_fn", "causal"]
+
+    def __init__(self, embed_dim: int, num_heads: int, num_random_features: int, dropout: float = 0.0,
+                 bias: bool = True, kernel_fn: str = "softmax", iscausal: bool = False, device=None, dtype=None,
+                 seed: Optional[int] = None):
+        super().__init__()
+        if num_heads <= 0 or embed_dim <= 0 or embed_dim % num_heads != 0:
+            raise ValueError(f"RandMultiHeadAttention num_heads: must be positive and divide embed_dim {embed_dim}, "
+                             f"got {num_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"RandMultiHeadAttention dropout: must be in [0, 1), got {dropout}")
+        if kernel_fn not in ("softmax", "relu"):
+            raise ValueError(f"RandMultiHeadAttention kernel_fn: expected 'softmax' or 'relu', got '{kernel_fn}'")
+        self.embed_dim, self.num_heads, self.dropout = embed_dim, num_heads, dropout
+        self.bias, self.kernel_fn, self.causal = bias, kernel_fn, iscausal
+        if seed is None:
+            seed = int(torch.randint(0, 2**63 - 1, (1,)).item())
+        self.seed = seed
+        factory = dict(dtype=dtype, device=device)
+        for name in ("Wq", "Wk", "Wv", "W0"):
+            setattr(self, name, torch.nn.Parameter(torch.empty(embed_dim, embed_dim, **factory)))
+        for name in ("bq", "bk", "bv", "b0"):
+            if bias:
+                setattr(self, name, torch.nn.Parameter(torch.empty(embed_dim, **factory)))
+            else:
+                self.register_parameter(name, None)
+        projection = torch.ops.afterburner.orthogonal_random_features(num_random_features, embed_dim // num_heads,
+                                                                      seed)
+        self.register_buffer("projection_matrix", projection.to(**factory))
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        for weight in (self.Wq, self.Wk, self.Wv, self.W0):
+            torch.nn.init.xavier_uniform_(weight)
+        for bias in (self.bq, self.bk, self.bv, self.b0):
+            if bias is not None:
+                torch.nn.init.zeros_(bias)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor,
+                attention_mask: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        out = torch.ops.afterburner.rand_mha(query, key, value, self.Wq, self.Wk, self.Wv, self.W0, self.bq, self.bk,
+                                             self.bv, self.b0, self.projection_matrix, self.num_heads, self.kernel_fn,
+                                             self.causal, self.dropout, self.training, attention_mask)
+        return out, None
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+                f"num_random_features={self.projection_matrix.shape[0]}, dropout={self.dropout}, bias={self.bias}, "
+                f"kernel_fn={self.kernel_fn}, iscausal={self.causal}")
+
+
+def make_performer(mha: torch.nn.MultiheadAttention, num_random_features: int, kernel_fn: str = "softmax",
+                   iscausal: bool = False, seed: Optional[int] = None) -> RandMultiHeadAttention:
+    """A RandMultiHeadAttention with `mha`'s weights (copies of in_proj's three blocks and out_proj) and
+    its dropout (Panther's converter). The result takes batch-first inputs whatever mha.batch_first says."""
+    if not isinstance(mha, torch.nn.MultiheadAttention):
+        raise ValueError(f"make_performer: expected a torch.nn.MultiheadAttention, got {type(mha).__name__}")
+    if mha.in_proj_weight is None:
+        raise ValueError("make_performer: keys and values of other sizes than the queries (kdim, vdim) are not "
+                         "supported")
+    if mha.bias_k is not None:
+        raise ValueError("make_performer: add_bias_kv is not supported")
+    e = mha.embed_dim
+    weight = mha.in_proj_weight.detach()
+    performer = RandMultiHeadAttention(e, mha.num_heads, num_random_features, mha.dropout,
+                                       mha.in_proj_bias is not None, kernel_fn, iscausal, device=weight.device,
+                                       dtype=weight.dtype, seed=seed)
+    with torch.no_grad():
+        for i, name in enumerate(("Wq", "Wk", "Wv")):
+            getattr(performer, name).copy_(weight[i * e:(i + 1) * e])
+        performer.W0.copy_(mha.out_proj.weight)
+        if mha.in_proj_bias is not None:
+            for i, name in enumerate(("bq", "bk", "bv")):
+                getattr(performer, name).copy_(mha.in_proj_bias[i * e:(i + 1) * e])
+            performer.b0.copy_(mha.out_proj.bias)
+    return performer
 
 
 def _pair(value) -> Tuple[int, int]:
