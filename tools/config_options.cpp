@@ -40,4 +40,12 @@ train::TrainConfig ConfigOptions::resolve() const {
   return config;
 }
 
+std::string ConfigOptions::first_given() const {
+  if (!config_file_.empty()) return "--config";
+  if (given_->empty()) return "";
+  std::string flag = given_->begin()->first;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return "--" + flag;
+}
+
 }  // namespace afterburner::tools

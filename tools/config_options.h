@@ -20,6 +20,9 @@ class ConfigOptions {
                          const std::set<std::string>& excluded = {});
   // The config after parsing: defaults, then the TOML file, then the flags given.
   train::TrainConfig resolve() const;
+  // The first of its flags the command line gave ("--epochs", "--config"), or "" when none: for a
+  // command whose other mode takes no training options.
+  std::string first_given() const;
 
  private:
   train::TrainConfig defaults_;

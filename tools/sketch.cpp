@@ -1,12 +1,19 @@
 // afterburner sketch: replace a TorchScript model's Linear and Conv2d layers by sketched ones
-// (SKLinear, SKConv2d) initialised from their weights, and write TorchScript Python can load.
+// (SKLinear, SKConv2d) initialised from their weights, and write TorchScript Python can load; or,
+// with --tune, find the fastest sketch of a zoo model that trains to a target accuracy.
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <set>
+#include <string>
 
 #include "afterburner/core/error.h"
+#include "afterburner/core/file_writer.h"
 #include "afterburner/infer/model_file.h"
 #include "afterburner/sketch/script.h"
+#include "afterburner/tune/sketch_tune.h"
 #include "commands.h"
+#include "config_options.h"
 
 namespace afterburner::tools {
 namespace {
@@ -17,9 +24,50 @@ struct SketchArgs {
   int64_t terms = 1;
   int64_t rank = 0;
   double budget = 0;
+  bool tune = false;
+  double time_budget = 600;
+  int64_t inference_batch = 64;
+  double measure_seconds = 0.5;
+  std::optional<double> max_accuracy_drop;
+  std::string plan;
+  std::string frontier;
 };
 
+// "mlp-sketched.pt" -> "mlp-sketched.<suffix>"
+std::string beside(const std::string& output, const std::string& suffix) {
+  const auto dot = output.rfind('.');
+  const auto slash = output.rfind('/');
+  const bool has_extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  return (has_extension ? output.substr(0, dot) : output) + "." + suffix;
+}
+
+int run_tune(const SketchArgs& args, const train::TrainConfig& recipe) {
+  if (!args.input.empty()) {
+    throw UsageError("sketch --tune", "takes the model as --model (a zoo model), not as '" + args.input + "'");
+  }
+  const std::string plan = args.plan.empty() ? beside(args.output, "plan.toml") : args.plan;
+  const std::string frontier = args.frontier.empty() ? beside(args.output, "frontier.svg") : args.frontier;
+  for (const auto& [path, flag] : {std::pair{args.output, "-o"}, {plan, "--plan"}, {frontier, "--frontier"}}) {
+    check_writable(path, flag);
+  }
+  const auto result = tune::tune_sketch(recipe, tune::SketchTuneOptions()
+                                                    .target_accuracy(recipe.target_accuracy)
+                                                    .max_accuracy_drop(args.max_accuracy_drop)
+                                                    .time_budget(args.time_budget)
+                                                    .batch_size(args.inference_batch)
+                                                    .measure_seconds(args.measure_seconds)
+                                                    .log([](const std::string& line) {
+                                                      std::cout << "sketch --tune: " << line << std::endl;
+                                                    }));
+  std::cout << tune::format_sketch_table(result);
+  if (!result.chosen) throw Error(tune::no_plan_message(result) + "; nothing written");
+  tune::write_sketch_outputs(result, args.output, plan, frontier);
+  std::cout << "wrote " << args.output << ", " << plan << " and " << frontier << "\n";
+  return 0;
+}
+
 int run_sketch(const SketchArgs& args) {
+  if (args.input.empty()) throw UsageError("sketch", "needs the TorchScript model to sketch (or --tune --model NAME)");
   const auto config = sketch::SketchConfig().terms(args.terms).rank(args.rank).budget(args.budget);
   sketch::check_config(config);
   torch::jit::Module model = infer::load_model(args.input);
@@ -45,8 +93,7 @@ Command add_sketch_command(CLI::App& app) {
   auto* sub = app.add_subcommand("sketch", "replace a TorchScript model's Linear and Conv2d layers by sketched "
                                            "low-rank ones initialised from their weights");
   auto args = std::make_shared<SketchArgs>();
-  sub->add_option("input", args->input, "TorchScript model (torch.jit.save or afterburner train --export)")
-      ->required();
+  sub->add_option("input", args->input, "TorchScript model (torch.jit.save or afterburner train --export)");
   sub->add_option("-o,--output", args->output, "where to write the sketched model")->required();
   sub->add_option("--terms", args->terms, "sketched terms per layer (L)")->capture_default_str();
   auto* rank = sub->add_option("--rank", args->rank, "rank of each term (k), the same for every layer");
@@ -54,7 +101,42 @@ Command add_sketch_command(CLI::App& app) {
                                  "instead of --rank: the largest rank whose weights stay within this fraction "
                                  "of each layer's, in (0, 1)");
   rank->excludes(budget);
-  return {sub, [args] { return run_sketch(*args); }};
+  // --tune trains: the training options apply (--model, --data, --epochs, --target-accuracy, ...),
+  // but not those that write train's outputs or choose a sketch themselves.
+  auto* tune = sub->add_flag("--tune", args->tune,
+                             "train sketched plans of a zoo model (--model) and write the fastest at inference whose "
+                             "validation accuracy reaches --target-accuracy, its plan (TOML) and its frontier (SVG)");
+  tune->excludes(rank)->excludes(budget);
+  sub->add_option("--time-budget", args->time_budget, "--tune: seconds for all its training runs, roughly")
+      ->capture_default_str()
+      ->needs(tune);
+  sub->add_option("--inference-batch", args->inference_batch, "--tune: the batch size speeds are measured at")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->needs(tune);
+  sub->add_option("--max-accuracy-drop", args->max_accuracy_drop,
+                  "--tune, instead of --target-accuracy: how far below the dense model's validation accuracy "
+                  "(trained with the same recipe) a plan may fall, e.g. 0.01")
+      ->needs(tune);
+  sub->add_option("--measure-seconds", args->measure_seconds, "--tune: seconds each model's speed is measured for")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->needs(tune);
+  sub->add_option("--plan", args->plan, "--tune: where to write the plan (default: beside -o, .plan.toml)")->needs(tune);
+  sub->add_option("--frontier", args->frontier, "--tune: where to write the frontier (default: beside -o, .frontier.svg)")
+      ->needs(tune);
+  auto recipe = std::make_shared<ConfigOptions>(
+      sub, train::TrainConfig{},
+      std::set<std::string>{"report", "dashboard", "export", "log_jsonl", "checkpoint_dir", "checkpoint_every", "resume",
+                            "trace", "profile", "progress", "sketch", "sketch_terms", "sketch_rank", "sketch_budget",
+                            "nproc", "nnodes", "node_rank", "master_addr", "master_port", "dist_timeout"});
+  return {sub, [args, recipe] {
+            if (args->tune) return run_tune(*args, recipe->resolve());
+            if (const std::string flag = recipe->first_given(); !flag.empty()) {
+              throw UsageError(flag, "is a training option: it applies to sketch --tune only");
+            }
+            return run_sketch(*args);
+          }};
 }
 
 }  // namespace afterburner::tools

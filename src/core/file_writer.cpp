@@ -134,4 +134,11 @@ void write_file_atomically(const std::string& path, torch::serialize::OutputArch
   write_file_atomically(path, [&](const ByteSink& sink) { archive.save_to(sink); });
 }
 
+void check_writable(const std::string& path, const std::string& flag) {
+  if (path.empty()) return;
+  const auto directory = std::filesystem::absolute(path).parent_path();
+  if (!std::filesystem::is_directory(directory)) throw Error(path + " (" + flag + "): its directory does not exist");
+  if (::access(directory.c_str(), W_OK) != 0) throw Error(path + " (" + flag + "): its directory is not writable");
+}
+
 }  // namespace afterburner

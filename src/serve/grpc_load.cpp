@@ -10,6 +10,7 @@
 #include "afterburner/core/error.h"
 #include "afterburner/serve/loadgen.h"
 #include "afterburner/serve/protocol.h"
+#include "grpc_runtime.h"
 #include "load_run.h"
 #include "proto/inference.grpc.pb.h"
 
@@ -24,6 +25,7 @@ std::string target_of(const Endpoint& server) { return server.host + ":" + std::
 // Each its own connection: gRPC would otherwise let channels of equal arguments share one, and
 // the client threads would all wait on the same socket.
 std::unique_ptr<pb::GRPCInferenceService::Stub> open_stub(const Endpoint& server) {
+  detail::use_release_mode_abseil();
   grpc::ChannelArguments arguments;
   arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   arguments.SetMaxReceiveMessageSize(-1);

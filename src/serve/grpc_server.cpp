@@ -11,6 +11,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/serve/protocol.h"
+#include "grpc_runtime.h"
 #include "proto/inference.grpc.pb.h"
 
 namespace afterburner::serve {
@@ -238,6 +239,7 @@ struct GrpcServer::Impl {
     if (options.port() < 0 || options.port() > 65535) {
       throw UsageError("grpc port", std::to_string(options.port()) + " is not a port number (0-65535)");
     }
+    detail::use_release_mode_abseil();
     const bool ipv6 = options.host().find(':') != std::string::npos;
     const std::string where = (ipv6 ? "[" + options.host() + "]" : options.host()) + ":" + std::to_string(options.port());
     grpc::ServerBuilder builder;

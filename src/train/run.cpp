@@ -1,7 +1,5 @@
 #include "afterburner/train/run.h"
 
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -14,14 +12,6 @@
 
 namespace afterburner::train {
 namespace {
-
-// Fails before a long run rather than after it when an output cannot be written.
-void check_writable(const std::string& path, const std::string& flag) {
-  if (path.empty()) return;
-  auto dir = std::filesystem::absolute(path).parent_path();
-  if (!std::filesystem::is_directory(dir)) throw Error(path + " (" + flag + "): its directory does not exist");
-  if (::access(dir.c_str(), W_OK) != 0) throw Error(path + " (" + flag + "): its directory is not writable");
-}
 
 bool is_html(const std::string& path) { return std::filesystem::path(path).extension() == ".html"; }
 
@@ -68,6 +58,10 @@ TrainReport run_training(const TrainConfig& config, const DataParallelism& paral
     check_writable(path, flag);
   }
   TrainingSession session(config, load_training_data(config), parallel);
+  if (const sketch::SketchReport* sketched = session.sketch_report(); sketched && session.rank() == 0) {
+    for (const auto& layer : sketched->layers) fmt::print(stderr, "afterburner: sketch: {}\n", sketch::describe(layer));
+    fmt::print(stderr, "afterburner: sketch: {}\n", sketch::describe(*sketched));
+  }
   if (!history && is_html(config.report)) history = std::make_shared<TrainingHistory>();
   if (history && session.rank() == 0) {
     history->describe(config.model, config.validation_split > 0 ? "validation" : "test");

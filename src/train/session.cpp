@@ -165,14 +165,11 @@ int64_t total_steps(const TrainConfig& config, int64_t batches_per_epoch) {
   return config.max_steps > 0 ? std::min(steps, config.max_steps) : steps;
 }
 
-torch::nn::Sequential sketched(const torch::nn::Sequential& model, const TrainConfig& config) {
-  auto result = sketch::sketch_sequential(model, sketch::SketchConfig()
-                                                     .terms(config.sketch_terms)
-                                                     .rank(config.sketch_rank)
-                                                     .budget(config.sketch_rank > 0 ? 0.0 : config.sketch_budget));
-  for (const auto& layer : result.report.layers) fmt::print(stderr, "afterburner: sketch: {}\n", sketch::describe(layer));
-  fmt::print(stderr, "afterburner: sketch: {}\n", sketch::describe(result.report));
-  return result.model;
+sketch::SketchedSequential sketched(const torch::nn::Sequential& model, const TrainConfig& config) {
+  return sketch::sketch_sequential(model, sketch::SketchConfig()
+                                              .terms(config.sketch_terms)
+                                              .rank(config.sketch_rank)
+                                              .budget(config.sketch_rank > 0 ? 0.0 : config.sketch_budget));
 }
 
 // Returns {training, validation}: `fraction` of `all` held out for evaluation, chosen by a
@@ -421,6 +418,7 @@ struct TrainingSession::Parts {
   torch::Device device = torch::kCPU;
   int workers = 0;
   torch::nn::Sequential model;  // a zoo model as built: exportable, sharing its parameters with the trained one
+  std::optional<sketch::SketchReport> sketch_report;  // of a zoo model built with --sketch
   std::optional<torch::jit::Module> script;  // or the user's TorchScript model, trained in place
   std::unique_ptr<data::Loader> train_loader, test_loader;
   std::string schedule;
@@ -449,7 +447,11 @@ Model TrainingSession::Parts::zoo_model(const TrainConfig& config, const Trainin
                                                .num_classes(static_cast<int64_t>(data.classes.size()))
                                                .image_size(data.image_size)
                                                .batch_norm(parallel.batch_norm));
-  if (config.sketch) model = sketched(model, config);
+  if (config.sketch) {
+    auto result = sketched(model, config);
+    model = result.model;
+    sketch_report = std::move(result.report);
+  }
   torch::nn::Sequential trained = model;
   if (config.fuse) {
     auto fused = kernels::fuse(model);
@@ -606,6 +608,10 @@ std::string export_metadata(const DataSummary& data) {
 
 }  // namespace
 
+const sketch::SketchReport* TrainingSession::sketch_report() const {
+  return parts_->sketch_report ? &*parts_->sketch_report : nullptr;
+}
+
 void TrainingSession::export_model(const std::string& path) const {
   const std::string metadata = export_metadata(parts_->data);
   if (parts_->script) {
@@ -693,7 +699,10 @@ StepMeasurement TrainingSession::measure_steps(int64_t warmup, int64_t steps) {
         return step < warmup + steps;
       },
       [](int64_t) { return std::nullopt; },
-      [&](int64_t step, double, int64_t samples) { measured.samples += step >= warmup ? samples : 0; });
+      [&](int64_t step, double loss, int64_t samples) {
+        measured.samples += step >= warmup ? samples : 0;
+        measured.diverged = measured.diverged || !std::isfinite(loss);
+      });
   measured.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   measured.samples_per_sec = measured.seconds > 0 ? double(measured.samples) / measured.seconds : 0;
   measured.peak_tensor_mb = double(profile::TensorMemory::peak_bytes()) / (1 << 20);

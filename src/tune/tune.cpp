@@ -204,6 +204,10 @@ class Tuner {
       // As many samples as the baseline's measurement.
       auto mine = session.measure_steps(kWarmupSteps, std::max<int64_t>(1, steps_ * base_.batch_size * base_.accumulate /
                                                                           (trial.config.batch_size * trial.config.accumulate)));
+      if (mine.diverged) {  // (sketched layers at the recipe's learning rate, say)
+        trial.verdict = fmt::format("diverged: a loss turned inf or NaN at lr {:g}", trial.config.lr);
+        return trial;
+      }
       theirs.push_back(base.samples_per_sec);
       ours.push_back(mine.samples_per_sec);
       ratios.push_back(ours.back() / theirs.back());

@@ -1,7 +1,14 @@
 // `train --sketch` and `afterburner sketch`: sketched models train, checkpoint, export as
 // TorchScript that Python runs, and bad input gets one error line.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 #include <torch/script.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "cli_helpers.h"
 #include "testing.h"
@@ -104,6 +111,82 @@ TEST_F(CliSketch, BadInputGetsOneErrorLineAndWritesNothing) {
   ASSERT_EQ(run_cli({"optimize", dense.string(), "-o", frozen.string(), "--measure-seconds", "0"}).exit_code, 0);
   EXPECT_TRUE(fails_with(run_cli({"sketch", frozen.string(), "-o", out.string(), "--rank", "4"}), 1,
                          {frozen.string(), "no Linear or Conv2d submodule to sketch", "sketch before optimizing"}));
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+// `sketch --tune` on the synthetic set: a quiet, short, single-threaded recipe, speeds measured
+// briefly, the outputs beside `out`.
+std::vector<std::string> tune_args(const std::filesystem::path& data, const std::filesystem::path& out,
+                                   const std::string& target, const std::vector<std::string>& more = {}) {
+  std::vector<std::string> args{"sketch", "--tune",         "--model",         "mlp",   "--data", data.string(),
+                                "--epochs", "1",            "--batch-size",    "32",    "--threads", "1",
+                                "--precision", "fp32",      "--measure-seconds", "0.05", "--target-accuracy", target,
+                                "-o",       out.string()};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A target every plan reaches: the search must end at the fastest plan, and its outputs must be
+// what the plan says: the model (sketched as planned, Python runs it), a plan `train --config`
+// trains again, and the frontier.
+TEST_F(CliSketch, TuneWritesTheFastestPlanThatReachesTheTarget) {
+  const auto out = dir_ / "mlp-sketched.pt";
+  auto result = run_cli(tune_args(dir_.path(), out, "0.01"));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto table = result.out.substr(result.out.find("\ndense"));
+  const auto first_plan = table.substr(1 + table.find('\n', 1));  // the fastest plan's row
+  EXPECT_TRUE(Contains(first_plan.substr(0, first_plan.find('\n')), "chosen")) << result.out;
+
+  const std::string plan = read_text(dir_ / "mlp-sketched.plan.toml");
+  auto integer_after = [&](const std::string& key) {
+    const auto at = plan.find("\n" + key + " = ");
+    return at == std::string::npos ? -1 : std::stoll(plan.substr(at + key.size() + 4));
+  };
+  const int64_t terms = std::max<int64_t>(1, integer_after("sketch_terms")), rank = integer_after("sketch_rank");
+  ASSERT_GT(rank, 0) << plan;  // (sketch_terms is left out at its default, 1)
+  EXPECT_TRUE(Contains(plan, "sketch = true"));
+  EXPECT_FALSE(Contains(plan, "target_accuracy")) << "the search's target is no early stop of the recipe";
+  auto model = torch::jit::load(out.string());
+  EXPECT_EQ(model.attr("layer1").toModule().attr("S1s").toTensor().sizes(), (std::vector<int64_t>{terms, 784, rank}));
+  expect_python_agrees(out, dir_ / "io.pt");
+  EXPECT_TRUE(Contains(read_text(dir_ / "mlp-sketched.frontier.svg"), "<svg"));
+
+  auto again = run_cli({"train", "--config", (dir_ / "mlp-sketched.plan.toml").string(), "--data", dir_.path().string(),
+                        "--max-steps", "1", "--threads", "1", "--progress", "none"});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_TRUE(Contains(again.err, fmt::format("sketch: 1 (Linear [1024, 784]): rank {}", rank)));
+}
+
+TEST_F(CliSketch, TuneRefusesInOneLineWhenNoPlanReachesTheTarget) {
+  const auto out = dir_ / "never.pt";
+  EXPECT_TRUE(fails_with(run_cli(tune_args(dir_.path(), out, "1", {"--max-steps", "1"})), 1,
+                         {"no sketched plan of mlp reaches 1 on the validation split", "nothing written"}));
+  for (const char* file : {"never.pt", "never.plan.toml", "never.frontier.svg"}) {
+    EXPECT_FALSE(std::filesystem::exists(dir_ / file)) << file;
+  }
+}
+
+TEST_F(CliSketch, TuneBadInputGetsOneErrorLine) {
+  const auto out = dir_ / "out.pt";
+  EXPECT_TRUE(fails_with(run_cli(tune_args(dir_.path(), out, "0")), 2, {"--target-accuracy: must be in (0, 1], got 0"}));
+  EXPECT_TRUE(fails_with(run_cli(tune_args(dir_.path(), out, "0.5", {"--max-accuracy-drop", "0.01"})), 2,
+                         {"--max-accuracy-drop: give it or --target-accuracy, not both"}));
+  auto file_model = tune_args(dir_.path(), out, "0.5");
+  file_model[3] = (dir_ / "mine.pt").string();
+  EXPECT_TRUE(fails_with(run_cli(file_model), 2, {"--model", "sketch --tune trains zoo models"}));
+  EXPECT_TRUE(fails_with(run_cli(tune_args(dir_.path(), dir_ / "absent" / "out.pt", "0.5")), 1,
+                         {"out.pt (-o): its directory does not exist"}));
+  auto positional = tune_args(dir_.path(), out, "0.5");
+  positional.push_back((dir_ / "mlp.pt").string());
+  EXPECT_TRUE(fails_with(run_cli(positional), 2, {"sketch --tune", "takes the model as --model"}));
+  EXPECT_TRUE(fails_with(run_cli({"sketch", (dir_ / "mlp.pt").string(), "-o", out.string(), "--rank", "4", "--epochs",
+                                  "2"}),
+                         2, {"--epochs: is a training option: it applies to sketch --tune only"}));
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 

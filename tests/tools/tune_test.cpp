@@ -62,6 +62,8 @@ TEST_F(CliTune, MeasuresEachTechniqueAgainstTheBaselineAndRecommendsAConfigTrain
   const std::set<std::string> verdicts{"faster", "slower", "no measurable gain"};
   for (const auto& trial : report.at("trials")) {
     techniques.insert(trial.at("technique").get<std::string>());
+    // A setting whose loss diverges (sketched layers at lr 0.1 may) has no speed to compare.
+    if (trial.at("verdict").get<std::string>().rfind("diverged: a loss turned inf or NaN at lr ", 0) == 0) continue;
     ASSERT_TRUE(verdicts.count(trial.at("verdict").get<std::string>())) << trial.dump();
     const auto& speedup = trial.at("speedup");
     EXPECT_LE(speedup.at("min").get<double>(), speedup.at("median").get<double>()) << trial.dump();

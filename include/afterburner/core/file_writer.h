@@ -97,4 +97,8 @@ void write_file_atomically(const std::string& path, const torch::jit::Module& mo
                            const std::unordered_map<std::string, std::string>& extra_files = {});
 void write_file_atomically(const std::string& path, torch::serialize::OutputArchive& archive);
 
+// Throws Error "PATH (FLAG): its directory does not exist" (or "is not writable") for an output
+// that could not be written: checked before a long run rather than after it. An empty path passes.
+void check_writable(const std::string& path, const std::string& flag);
+
 }  // namespace afterburner

@@ -17,6 +17,7 @@
 
 #include "afterburner/data/dataset.h"
 #include "afterburner/data/transforms.h"
+#include "afterburner/sketch/plan.h"
 #include "afterburner/train/callbacks.h"
 #include "afterburner/train/config.h"
 #include "afterburner/train/replicas.h"
@@ -68,6 +69,7 @@ struct StepMeasurement {
   double seconds = 0;
   double samples_per_sec = 0;
   double peak_tensor_mb = 0;  // the largest live tensor memory during the timed steps
+  bool diverged = false;      // a loss turned inf or NaN: the steps stopped there, the speed means nothing
 };
 
 class TrainingSession {
@@ -97,6 +99,8 @@ class TrainingSession {
 
   const TrainConfig& config() const;
   int64_t rank() const;  // 0 without replicas
+  // What --sketch replaced in a zoo model and what it kept, with the reasons; null without it.
+  const sketch::SketchReport* sketch_report() const;
   // Writes the trained model as TorchScript (torch.jit.load runs it): a zoo model as built (not
   // fused), or the user's TorchScript model in evaluation mode. Throws Error naming the path.
   void export_model(const std::string& path) const;

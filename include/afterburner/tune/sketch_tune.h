@@ -1,0 +1,85 @@
+// Which sketched layers make a zoo model fastest at inference while it stays accurate enough:
+// `afterburner sketch --tune`. Every plan (L terms of rank k in each Linear and Conv2d whose
+// sketch costs less) is first measured where it will run (frozen for inference, at a batch size),
+// then plans are trained with the user's recipe, fastest first, in a binary search for the
+// fastest one whose accuracy on a validation split held out of the training set reaches the
+// target. Speed decides by measurement, not by FLOPs; training decides accuracy.
+//
+//   afterburner::train::TrainConfig recipe;   // the user's training options
+//   recipe.model = "mlp";
+//   auto result = afterburner::tune::tune_sketch(recipe, afterburner::tune::SketchTuneOptions().target_accuracy(0.87));
+//   std::cout << afterburner::tune::format_sketch_table(result);
+//   if (result.chosen) afterburner::tune::write_sketch_outputs(result, "mlp-sketched.pt", "plan.toml", "frontier.svg");
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/csrc/jit/api/module.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "afterburner/train/config.h"
+
+namespace afterburner::tune {
+
+struct SketchTuneOptions {
+  // The accuracy a plan must reach on the validation split, in (0, 1]; or, instead, how far below
+  // the dense model's own (trained with the same recipe) it may fall, in [0, 1).
+  TORCH_ARG(double, target_accuracy) = 0;
+  TORCH_ARG(std::optional<double>, max_accuracy_drop) = std::nullopt;
+  // Seconds for all training runs, roughly: a run that would overrun it (by the dense run's time)
+  // is not started, and the search ends with what it knows.
+  TORCH_ARG(double, time_budget) = 600;
+  TORCH_ARG(std::vector<int64_t>, terms) = std::vector<int64_t>{1, 2};               // L
+  TORCH_ARG(std::vector<int64_t>, ranks) = std::vector<int64_t>{8, 16, 32, 64, 128, 256};  // k
+  TORCH_ARG(int64_t, batch_size) = 64;        // the inference batch speeds are measured at
+  TORCH_ARG(double, measure_seconds) = 0.5;   // per model and speed measurement
+  TORCH_ARG(std::function<void(const std::string&)>, log) = nullptr;  // a line per finished step
+};
+
+struct SketchPlan {
+  int64_t terms = 0, rank = 0;          // 0, 0: the dense model
+  std::vector<std::string> layers;      // sketch::describe of each layer: replaced or kept, and why
+  int64_t parameters = 0;               // trainable
+  double samples_per_sec = 0;           // frozen for inference, at the options' batch size
+  double speedup = 0;                   // over the dense model's samples/s, measured in the same run
+  std::optional<double> accuracy;       // on the validation split, when trained
+  double lr = 0;                        // it trained at: the recipe's, or lower where that diverged
+  double train_seconds = 0;
+  std::string verdict;                  // "chosen", "below the target", "not trained: ...", ...
+};
+
+struct SketchTuneResult {
+  std::string model;
+  double target_accuracy = 0;           // as given, or the dense accuracy less the drop allowed
+  int64_t batch_size = 0;
+  SketchPlan dense;
+  std::vector<SketchPlan> plans;        // fastest first
+  train::TrainConfig recipe;            // the user's, which every plan trained with
+  std::optional<std::size_t> chosen;    // index into plans
+  std::optional<torch::jit::Module> chosen_model;  // trained, as `train --export` writes it
+  std::vector<std::string> notes;
+};
+
+// Throws UsageError for a recipe that is not a zoo model or sketches already, for a target
+// outside (0, 1] or a drop outside [0, 1) (or both or neither given); the data's errors as
+// training reports them.
+SketchTuneResult tune_sketch(const train::TrainConfig& recipe, const SketchTuneOptions& options);
+
+// Every plan: L, k, parameters, samples/s, speedup, validation accuracy, verdict.
+std::string format_sketch_table(const SketchTuneResult& result);
+
+// The chosen plan's model (TorchScript), the plan as TOML (the recipe with the sketch, for
+// `afterburner train --config`, its figures in comments) and the accuracy/speed frontier as SVG. Throws Error when no plan was
+// chosen, or naming a file it cannot write.
+void write_sketch_outputs(const SketchTuneResult& result, const std::string& model_path, const std::string& plan_path,
+                          const std::string& frontier_path);
+
+// "no sketched plan of mlp reaches 0.95 on the validation split: the most accurate trained,
+// L 1 k 256, reached 0.884 (dense 0.889)": the one line of a search that found nothing.
+std::string no_plan_message(const SketchTuneResult& result);
+
+}  // namespace afterburner::tune

@@ -1,0 +1,368 @@
+#include "afterburner/tune/sketch_tune.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+
+#include "afterburner/core/error.h"
+#include "afterburner/core/file_writer.h"
+#include "afterburner/infer/measure.h"
+#include "afterburner/infer/model_file.h"
+#include "afterburner/infer/optimize.h"
+#include "afterburner/models/zoo.h"
+#include "afterburner/sketch/sequential.h"
+#include "afterburner/train/session.h"
+#include "afterburner/train/trainer.h"
+#include "svg.h"
+
+namespace afterburner::tune {
+namespace {
+
+namespace fs = std::filesystem;
+using train::TrainConfig;
+
+constexpr double kSketchValidationSplit = 0.1;
+constexpr int kLearningRateRetries = 2;  // each at a quarter of the last rate  // held out of the training set when the recipe holds none
+
+// A directory of this process's own for the exported candidates, removed with it.
+class ScratchDirectory {
+ public:
+  ScratchDirectory()
+      : path_(fs::temp_directory_path() / fmt::format("afterburner-sketch-tune-{}", static_cast<long>(::getpid()))) {
+    fs::create_directories(path_);
+  }
+  ~ScratchDirectory() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  ScratchDirectory(const ScratchDirectory&) = delete;
+  ScratchDirectory& operator=(const ScratchDirectory&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+std::string plan_name(const SketchPlan& plan) {
+  return plan.terms == 0 ? "dense" : fmt::format("L {} k {}", plan.terms, plan.rank);
+}
+
+std::string plan_verdict_chosen(const SketchPlan& plan, double recipe_lr) {
+  return plan.lr == recipe_lr ? "chosen" : fmt::format("chosen (at lr {:g}: the recipe's diverged)", plan.lr);
+}
+
+TrainConfig sketched(TrainConfig config, int64_t terms, int64_t rank) {
+  config.sketch = terms > 0;
+  config.sketch_terms = terms > 0 ? terms : 1;
+  config.sketch_rank = rank;
+  return config;
+}
+
+class SketchSearch {
+ public:
+  SketchSearch(const TrainConfig& recipe, const SketchTuneOptions& options) : options_(options), recipe_(recipe) {
+    check(recipe, options);
+    recipe_.progress = "none";
+    recipe_.export_path.clear();
+    recipe_.report.clear();
+    recipe_.target_accuracy = 0;  // each plan trains its whole recipe: its accuracy is what it reaches
+    if (recipe_.validation_split <= 0) recipe_.validation_split = kSketchValidationSplit;
+    result_.recipe = recipe;
+    result_.recipe.target_accuracy = 0;  // the search's target, not an early stop of the recipe
+    result_.model = recipe.model;
+    result_.target_accuracy = options.target_accuracy();
+    result_.batch_size = options.batch_size();
+  }
+
+  SketchTuneResult run() {
+    data_ = train::load_training_data(recipe_);
+    result_.dense = measured_plan(0, 0);
+    if (!train(result_.dense)) {
+      throw Error("the dense " + recipe_.model + " does not train with this recipe: " + result_.dense.verdict);
+    }
+    dense_seconds_ = result_.dense.train_seconds;
+    if (const auto drop = options_.max_accuracy_drop()) result_.target_accuracy = *result_.dense.accuracy - *drop;
+    log(fmt::format("dense: {:.0f} samples/s at batch {}, validation accuracy {:.4f} after {:.1f} s of training",
+                    result_.dense.samples_per_sec, options_.batch_size(), *result_.dense.accuracy, dense_seconds_));
+    gather_plans();
+    search();
+    return std::move(result_);
+  }
+
+ private:
+  static void check(const TrainConfig& recipe, const SketchTuneOptions& options) {
+    const auto& zoo = models::model_names();
+    if (std::find(zoo.begin(), zoo.end(), recipe.model) == zoo.end()) {
+      throw UsageError("--model", fmt::format("sketch --tune trains zoo models ({}); '{}' is not one",
+                                              fmt::join(zoo, ", "), recipe.model));
+    }
+    if (recipe.sketch) throw UsageError("--sketch", "sketch --tune chooses the sketch itself; drop --sketch");
+    if (const auto drop = options.max_accuracy_drop()) {
+      if (options.target_accuracy() != 0) {
+        throw UsageError("--max-accuracy-drop", "give it or --target-accuracy, not both");
+      }
+      if (!(*drop >= 0 && *drop < 1)) throw UsageError("--max-accuracy-drop", fmt::format("must be in [0, 1), got {}", *drop));
+    } else if (!(options.target_accuracy() > 0 && options.target_accuracy() <= 1)) {
+      throw UsageError("--target-accuracy", fmt::format("must be in (0, 1], got {} (or give --max-accuracy-drop)",
+                                                        options.target_accuracy()));
+    }
+    if (options.batch_size() < 1) throw UsageError("--inference-batch", "must be at least 1");
+  }
+
+  void log(const std::string& line) const {
+    if (options_.log()) options_.log()(line);
+  }
+
+  double elapsed() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+  // The plan's model as built for training, exported and frozen for inference, then timed.
+  SketchPlan measured_plan(int64_t terms, int64_t rank) {
+    SketchPlan plan;
+    plan.terms = terms;
+    plan.rank = rank;
+    train::TrainingSession session(sketched(recipe_, terms, rank), data_);
+    if (const sketch::SketchReport* report = session.sketch_report()) {
+      for (const auto& layer : report->layers) plan.layers.push_back(sketch::describe(layer));
+      plan.parameters = report->params_after;
+    }
+    const std::string file = scratch_.file("measured.pt");
+    session.export_model(file);
+    const torch::jit::Module model = infer::load_model(file);
+    if (terms == 0) {
+      for (const auto& parameter : model.parameters()) plan.parameters += parameter.numel();
+    }
+    torch::jit::Module frozen = infer::prepare_for_inference(infer::optimize(model).model);
+    const auto speed = infer::measure(
+        frozen, sample_shape(),
+        infer::MeasureOptions().batch_sizes({options_.batch_size()}).seconds_per_batch_size(options_.measure_seconds()));
+    plan.samples_per_sec = speed.best().samples_per_second;
+    return plan;
+  }
+
+  // Whether L terms of rank k replace any layer of the model (sketch_sequential's rule, as
+  // training applies it).
+  bool sketches_a_layer(int64_t terms, int64_t rank) const {
+    const auto options = models::ModelOptions()
+                             .in_channels(data_.channels)
+                             .image_size(data_.image_size)
+                             .num_classes(static_cast<int64_t>(data_.classes.size()));
+    return sketch::sketch_sequential(models::make_model(recipe_.model, options),
+                                     sketch::SketchConfig().terms(terms).rank(rank))
+               .report.replaced_count() > 0;
+  }
+
+  // One sample's shape, as the model takes it.
+  std::vector<int64_t> sample_shape() const {
+    if (data_.features > 0) return {data_.features};
+    return {data_.channels, data_.image_size, data_.image_size};
+  }
+
+  // Every (L, k) that sketches at least one layer, measured, fastest first; those not faster than
+  // the dense model are listed, not searched.
+  void gather_plans() {
+    for (const int64_t terms : options_.terms()) {
+      for (const int64_t rank : options_.ranks()) {
+        if (!sketches_a_layer(terms, rank)) {
+          result_.notes.push_back(fmt::format("L {} k {}: no layer's sketch costs less than the layer", terms, rank));
+          continue;
+        }
+        SketchPlan plan = measured_plan(terms, rank);
+        plan.speedup = plan.samples_per_sec / result_.dense.samples_per_sec;
+        log(fmt::format("{}: {:.0f} samples/s, {:.2f}x dense", plan_name(plan), plan.samples_per_sec, plan.speedup));
+        result_.plans.push_back(std::move(plan));
+      }
+    }
+    std::stable_sort(result_.plans.begin(), result_.plans.end(),
+                     [](const SketchPlan& a, const SketchPlan& b) { return a.samples_per_sec > b.samples_per_sec; });
+    for (auto& plan : result_.plans) {
+      if (plan.speedup <= 1) plan.verdict = "not trained: not faster than dense";
+    }
+  }
+
+  // Trains the plan with the recipe; where its loss turns inf or NaN, again at a quarter of the
+  // learning rate, twice at most (a sketched layer's S1s and S2s move its weight by about
+  // d_out / k times their own step, so small ranks need smaller rates). False when every attempt
+  // failed, which the verdict says.
+  bool train(SketchPlan& plan) {
+    TrainConfig config = sketched(recipe_, plan.terms, plan.rank);
+    for (int attempt = 0; attempt <= kLearningRateRetries; ++attempt, config.lr /= 4) {
+      train::TrainingSession session(config, data_);
+      train::TrainReport report;
+      try {
+        report = session.fit();
+      } catch (const train::TrainingFailure& failure) {
+        plan.train_seconds += failure.report().train_seconds;
+        plan.verdict = fmt::format("training failed at lr {:g}: {}", config.lr, failure.report().error);
+        continue;
+      }
+      plan.lr = config.lr;
+      plan.accuracy = report.test_accuracy;
+      plan.train_seconds += report.train_seconds;
+      plan.verdict.clear();
+      if (plan.terms > 0) {
+        const std::string file = scratch_.file(fmt::format("L{}k{}.pt", plan.terms, plan.rank));
+        session.export_model(file);
+        trained_files_[{plan.terms, plan.rank}] = file;
+      }
+      return true;
+    }
+    return false;
+  }
+
+  // Whether the plan reaches the target, training it if it was not; nullopt when the time budget
+  // does not allow its training.
+  std::optional<bool> reaches_target(SketchPlan& plan) {
+    if (!plan.accuracy) {
+      if (elapsed() + 1.2 * dense_seconds_ > options_.time_budget()) {
+        plan.verdict = "not trained: the time budget ran out";
+        return std::nullopt;
+      }
+      if (!train(plan)) {
+        log(fmt::format("{}: {}", plan_name(plan), plan.verdict));
+        return false;
+      }
+      log(fmt::format("{}: validation accuracy {:.4f} ({:.1f} s of training)", plan_name(plan), *plan.accuracy,
+                      plan.train_seconds));
+    }
+    const bool reached = *plan.accuracy >= result_.target_accuracy;
+    plan.verdict = reached ? "reaches the target" : "below the target";
+    if (plan.lr != recipe_.lr) plan.verdict += fmt::format(" (at lr {:g}: the recipe's diverged)", plan.lr);
+    return reached;
+  }
+
+  // Binary search over the plans faster than dense, fastest first, for the first that reaches
+  // the target: accuracy rises as plans keep more of the layers (and run slower), so a plan below
+  // the target rules out the faster ones, and one reaching it the slower ones. A plan whose
+  // training failed says nothing about its neighbours: it leaves the search, which goes on.
+  void search() {
+    std::vector<std::size_t> order;  // the plans still searched, fastest first
+    for (std::size_t i = 0; i < result_.plans.size() && result_.plans[i].speedup > 1; ++i) order.push_back(i);
+    std::size_t low = 0, high = order.size();
+    while (low < high) {
+      const std::size_t middle = (low + high) / 2;
+      SketchPlan& plan = result_.plans[order[middle]];
+      const std::optional<bool> reached = reaches_target(plan);
+      if (!reached) {
+        result_.notes.push_back(fmt::format("the time budget ({:.0f} s) ended the search", options_.time_budget()));
+        return;
+      }
+      if (!plan.accuracy) {  // training failed
+        order.erase(order.begin() + static_cast<std::ptrdiff_t>(middle));
+        --high;
+      } else if (*reached) {
+        high = middle;
+      } else {
+        low = middle + 1;
+      }
+    }
+    if (low >= order.size()) return;
+    SketchPlan& chosen = result_.plans[order[low]];
+    chosen.verdict = plan_verdict_chosen(chosen, recipe_.lr);
+    result_.chosen = order[low];
+    result_.chosen_model = infer::load_model(trained_files_.at({chosen.terms, chosen.rank}));
+  }
+
+  SketchTuneOptions options_;
+  TrainConfig recipe_;
+  train::TrainingData data_;
+  SketchTuneResult result_;
+  ScratchDirectory scratch_;
+  std::map<std::pair<int64_t, int64_t>, std::string> trained_files_;  // (L, k) -> the trained model
+  double dense_seconds_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+std::string accuracy_text(const SketchPlan& plan) {
+  return plan.accuracy ? fmt::format("{:.4f}", *plan.accuracy) : "-";
+}
+
+const SketchPlan& chosen_plan(const SketchTuneResult& result) {
+  if (!result.chosen || !result.chosen_model) throw Error(no_plan_message(result));
+  return result.plans[*result.chosen];
+}
+
+std::string plan_toml(const SketchTuneResult& result) {
+  const SketchPlan& plan = chosen_plan(result);
+  std::string out = fmt::format(
+      "# afterburner sketch --tune: the fastest plan of {} whose validation accuracy reaches {:.4f}.\n"
+      "# Validation accuracy {:.4f} (dense {:.4f}); {:.0f} samples/s at batch {} frozen for inference, {:.2f}x the "
+      "dense model's {:.0f}; {} trainable parameters (dense {}).\n",
+      result.model, result.target_accuracy, *plan.accuracy, *result.dense.accuracy, plan.samples_per_sec,
+      result.batch_size, plan.speedup, result.dense.samples_per_sec, plan.parameters, result.dense.parameters);
+  for (const auto& layer : plan.layers) out += "#   " + layer + "\n";
+  out += "# `afterburner train --config <this file>` trains it again.\n";
+  const train::TrainConfig defaults;
+  train::TrainConfig config = sketched(result.recipe, plan.terms, plan.rank);
+  config.lr = plan.lr;
+  return out + train::to_toml(config, &defaults);
+}
+
+std::string frontier_svg(const SketchTuneResult& result) {
+  std::vector<svg::Point> trained, dense{{1.0, *result.dense.accuracy}};
+  double widest = 1;
+  for (const auto& plan : result.plans) {
+    widest = std::max(widest, plan.speedup);
+    if (plan.accuracy) trained.push_back({plan.speedup, *plan.accuracy});
+  }
+  std::sort(trained.begin(), trained.end(), [](const svg::Point& a, const svg::Point& b) { return a.x < b.x; });
+  std::vector<svg::Series> series{{"sketched plans trained", trained}, {"dense", dense},
+                                  {"target", {{1.0, result.target_accuracy}, {widest, result.target_accuracy}}}};
+  if (result.chosen) {
+    const SketchPlan& plan = result.plans[*result.chosen];
+    series.push_back({"chosen: " + plan_name(plan), {{plan.speedup, *plan.accuracy}}});
+  }
+  return svg::line_chart(fmt::format("sketch --tune: {} at batch {}", result.model, result.batch_size),
+                         "inference samples/s over the dense model's (x)", "validation accuracy", series);
+}
+
+}  // namespace
+
+SketchTuneResult tune_sketch(const TrainConfig& recipe, const SketchTuneOptions& options) {
+  return SketchSearch(recipe, options).run();
+}
+
+std::string format_sketch_table(const SketchTuneResult& result) {
+  std::string out = fmt::format("{}: validation accuracy at least {:.4f}; samples/s frozen for inference at batch {}\n",
+                                result.model, result.target_accuracy, result.batch_size);
+  out += fmt::format("{:<10} {:>11} {:>12} {:>8} {:>10}  {}\n", "plan", "parameters", "samples/s", "speedup",
+                     "accuracy", "verdict");
+  auto row = [&](const SketchPlan& plan) {
+    out += fmt::format("{:<10} {:>11} {:>12.0f} {:>7.2f}x {:>10}  {}\n", plan_name(plan), plan.parameters,
+                       plan.samples_per_sec, plan.terms == 0 ? 1.0 : plan.speedup, accuracy_text(plan), plan.verdict);
+  };
+  row(result.dense);
+  for (const auto& plan : result.plans) row(plan);
+  for (const auto& note : result.notes) out += "note: " + note + "\n";
+  return out;
+}
+
+void write_sketch_outputs(const SketchTuneResult& result, const std::string& model_path, const std::string& plan_path,
+                          const std::string& frontier_path) {
+  chosen_plan(result);
+  infer::save_model(*result.chosen_model, model_path);
+  write_file_atomically(plan_path, plan_toml(result));
+  write_file_atomically(frontier_path, frontier_svg(result));
+}
+
+std::string no_plan_message(const SketchTuneResult& result) {
+  const SketchPlan* best = nullptr;
+  for (const auto& plan : result.plans) {
+    if (plan.accuracy && (!best || *plan.accuracy > *best->accuracy)) best = &plan;
+  }
+  const std::string dense = result.dense.accuracy ? fmt::format("{:.4f}", *result.dense.accuracy) : "not trained";
+  if (!best) {
+    return fmt::format("no sketched plan of {} reaches {:.4g} on the validation split: none was trained (dense {})",
+                       result.model, result.target_accuracy, dense);
+  }
+  return fmt::format("no sketched plan of {} reaches {:.4g} on the validation split: the most accurate trained, {}, "
+                     "reached {:.4f} (dense {})",
+                     result.model, result.target_accuracy, plan_name(*best), *best->accuracy, dense);
+}
+
+}  // namespace afterburner::tune
