@@ -11,6 +11,7 @@
 #include "afterburner/core/file_writer.h"
 #include "afterburner/infer/model_file.h"
 #include "afterburner/sketch/script.h"
+#include "afterburner/train/interrupt.h"
 #include "afterburner/tune/sketch_tune.h"
 #include "commands.h"
 #include "config_options.h"
@@ -50,20 +51,28 @@ int run_tune(const SketchArgs& args, const train::TrainConfig& recipe) {
   for (const auto& [path, flag] : {std::pair{args.output, "-o"}, {plan, "--plan"}, {frontier, "--frontier"}}) {
     check_writable(path, flag);
   }
+  train::StopOnInterrupt stop_on_ctrl_c;  // ends the training in progress; what was trained is kept
   const auto result = tune::tune_sketch(recipe, tune::SketchTuneOptions()
                                                     .target_accuracy(recipe.target_accuracy)
                                                     .max_accuracy_drop(args.max_accuracy_drop)
                                                     .time_budget(args.time_budget)
                                                     .batch_size(args.inference_batch)
                                                     .measure_seconds(args.measure_seconds)
+                                                    .stop(&train::interrupt_requested())
                                                     .log([](const std::string& line) {
                                                       std::cout << "sketch --tune: " << line << std::endl;
                                                     }));
   std::cout << tune::format_sketch_table(result);
-  if (!result.chosen) throw Error(tune::no_plan_message(result) + "; nothing written");
+  if (!result.chosen) {
+    if (result.interrupted) {
+      std::cerr << "afterburner: sketch --tune interrupted before a plan reached the target; nothing written\n";
+      return 130;
+    }
+    throw Error(tune::no_plan_message(result) + "; nothing written");
+  }
   tune::write_sketch_outputs(result, args.output, plan, frontier);
   std::cout << "wrote " << args.output << ", " << plan << " and " << frontier << "\n";
-  return 0;
+  return result.interrupted ? 130 : 0;
 }
 
 int run_sketch(const SketchArgs& args) {

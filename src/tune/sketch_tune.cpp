@@ -81,7 +81,8 @@ class SketchSearch {
   SketchTuneResult run() {
     data_ = train::load_training_data(recipe_);
     result_.dense = measured_plan(0, 0);
-    if (!train(result_.dense)) {
+    if (!train(result_.dense) && result_.interrupted) return std::move(result_);
+    if (!result_.dense.accuracy) {
       throw Error("the dense " + recipe_.model + " does not train with this recipe: " + result_.dense.verdict);
     }
     dense_seconds_ = result_.dense.train_seconds;
@@ -115,6 +116,11 @@ class SketchSearch {
 
   void log(const std::string& line) const {
     if (options_.log()) options_.log()(line);
+  }
+
+  bool stopped() {
+    if (options_.stop() && options_.stop()->load()) result_.interrupted = true;
+    return result_.interrupted;
   }
 
   double elapsed() const {
@@ -168,6 +174,7 @@ class SketchSearch {
   void gather_plans() {
     for (const int64_t terms : options_.terms()) {
       for (const int64_t rank : options_.ranks()) {
+        if (stopped()) return;
         if (!sketches_a_layer(terms, rank)) {
           result_.notes.push_back(fmt::format("L {} k {}: no layer's sketch costs less than the layer", terms, rank));
           continue;
@@ -200,6 +207,11 @@ class SketchSearch {
         plan.train_seconds += failure.report().train_seconds;
         plan.verdict = fmt::format("training failed at lr {:g}: {}", config.lr, failure.report().error);
         continue;
+      }
+      if (report.stop_reason == "interrupted" || stopped()) {
+        result_.interrupted = true;
+        plan.verdict = "interrupted while training";
+        return false;
       }
       plan.lr = config.lr;
       plan.accuracy = report.test_accuracy;
@@ -245,12 +257,12 @@ class SketchSearch {
     for (std::size_t i = 0; i < result_.plans.size() && result_.plans[i].speedup > 1; ++i) order.push_back(i);
     std::size_t low = 0, high = order.size();
     while (low < high) {
+      if (stopped()) return choose_fastest_reaching("interrupted: the search ended early");
       const std::size_t middle = (low + high) / 2;
       SketchPlan& plan = result_.plans[order[middle]];
       const std::optional<bool> reached = reaches_target(plan);
       if (!reached) {
-        result_.notes.push_back(fmt::format("the time budget ({:.0f} s) ended the search", options_.time_budget()));
-        return;
+        return choose_fastest_reaching(fmt::format("the time budget ({:.0f} s) ended the search", options_.time_budget()));
       }
       if (!plan.accuracy) {  // training failed
         order.erase(order.begin() + static_cast<std::ptrdiff_t>(middle));
@@ -261,10 +273,23 @@ class SketchSearch {
         low = middle + 1;
       }
     }
-    if (low >= order.size()) return;
-    SketchPlan& chosen = result_.plans[order[low]];
+    if (low < order.size()) choose(order[low]);
+  }
+
+  // A search ended early (interrupted, or out of time): the fastest plan trained so far that
+  // reached the target, if any.
+  void choose_fastest_reaching(const std::string& why) {
+    result_.notes.push_back(why + "; its choice is the fastest plan trained so far that reached the target");
+    for (std::size_t i = 0; i < result_.plans.size(); ++i) {
+      const SketchPlan& plan = result_.plans[i];
+      if (plan.accuracy && *plan.accuracy >= result_.target_accuracy) return choose(i);
+    }
+  }
+
+  void choose(std::size_t index) {
+    SketchPlan& chosen = result_.plans[index];
     chosen.verdict = plan_verdict_chosen(chosen, recipe_.lr);
-    result_.chosen = order[low];
+    result_.chosen = index;
     result_.chosen_model = infer::load_model(trained_files_.at({chosen.terms, chosen.rank}));
   }
 

@@ -1,5 +1,8 @@
 #include "cli_helpers.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <torch/script.h>
 #include <zlib.h>
 
@@ -134,6 +137,27 @@ void write_io_fixture(const std::filesystem::path& path, const torch::Tensor& in
 CommandResult python_check(const std::filesystem::path& model, const std::filesystem::path& io) {
   return run({"/usr/bin/python3", (source_dir() / "bench" / "export_reference.py").string(), "--check",
               model.string(), io.string()});
+}
+
+pid_t spawn_cli(const std::vector<std::string>& args, const std::filesystem::path& stderr_file,
+                const std::filesystem::path& stdout_file) {
+  // Everything the child needs is built before fork: only async-signal-safe calls after it.
+  std::vector<std::string> argv{cli_binary().string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> pointers;
+  for (auto& a : argv) pointers.push_back(a.data());
+  pointers.push_back(nullptr);
+  const std::string err_path = stderr_file.string(), out_path = stdout_file.string();
+  pid_t pid = fork();
+  if (pid == 0) {
+    int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(out, STDOUT_FILENO);
+    dup2(err, STDERR_FILENO);
+    execv(pointers[0], pointers.data());
+    _exit(127);
+  }
+  return pid;
 }
 
 }  // namespace afterburner::testing

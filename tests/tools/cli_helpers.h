@@ -2,6 +2,8 @@
 // byte by byte, the stderr lines the CLI prints, and the flags that keep a run short.
 #pragma once
 
+#include <sys/types.h>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -47,6 +49,11 @@ std::vector<std::string> error_lines(const std::string& err);
 // "afterburner: ..." that contains each of `needles`.
 ::testing::AssertionResult fails_with(const CommandResult& result, int exit_code,
                                       const std::vector<std::string>& needles);
+
+// Starts the CLI without waiting for it (its pid; waitpid it); its stderr and stdout go to the
+// files given (truncated), or are discarded.
+pid_t spawn_cli(const std::vector<std::string>& args, const std::filesystem::path& stderr_file = "/dev/null",
+                const std::filesystem::path& stdout_file = "/dev/null");
 
 // `train` on `data_dir` for a short, quiet, single-threaded fp32 run of one epoch; `flags` add
 // to or replace those defaults (a flag mapped to "" is passed alone, like --resume).

@@ -19,28 +19,6 @@ namespace afterburner::testing {
 namespace {
 namespace fs = std::filesystem;
 
-// Starts the CLI without waiting for it, its output discarded but for its stderr, which goes to
-// `stderr_file` when given.
-pid_t spawn_cli(const std::vector<std::string>& args, const fs::path& stderr_file = "/dev/null") {
-  // Everything the child needs is built before fork: only async-signal-safe calls after it.
-  std::vector<std::string> argv{cli_binary().string()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> pointers;
-  for (auto& a : argv) pointers.push_back(a.data());
-  pointers.push_back(nullptr);
-  const std::string err_path = stderr_file.string();
-  pid_t pid = fork();
-  if (pid == 0) {
-    int null = open("/dev/null", O_WRONLY);
-    int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(null, STDOUT_FILENO);
-    dup2(err, STDERR_FILENO);
-    execv(pointers[0], pointers.data());
-    _exit(127);
-  }
-  return pid;
-}
-
 // Waits until `checkpoint` has been written twice (training is under way, with steps left) and
 // kills the run; true if it was killed, false if it ended on its own first.
 bool kill_once_checkpointed_twice(pid_t pid, const fs::path& checkpoint) {

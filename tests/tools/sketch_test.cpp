@@ -1,13 +1,18 @@
 // `train --sketch` and `afterburner sketch`: sketched models train, checkpoint, export as
 // TorchScript that Python runs, and bad input gets one error line.
-#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <torch/script.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli_helpers.h"
@@ -169,6 +174,34 @@ TEST_F(CliSketch, TuneRefusesInOneLineWhenNoPlanReachesTheTarget) {
   for (const char* file : {"never.pt", "never.plan.toml", "never.frontier.svg"}) {
     EXPECT_FALSE(std::filesystem::exists(dir_ / file)) << file;
   }
+}
+
+// Ctrl-C once a plan has trained: the training in progress ends, the search keeps what it
+// trained, writes the fastest plan so far that reached the target, and exits 130.
+TEST(CliSketchTune, CtrlCWritesTheFastestPlanTrainedSoFar) {
+  TempDir dir;
+  const auto out = dir / "mlp-sketched.pt", log = dir / "out.txt";
+  auto args = tune_args(fashion_mnist_dir(), out, "0.01");
+  pid_t pid = spawn_cli(args, dir / "err.txt", log);
+  ASSERT_GT(pid, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  // "sketch --tune: L 2 k 32: validation accuracy 0.8932 (...)" (the dense model's line has no colon there)
+  auto plan_trained = [&] { return read_file(log).find(": validation accuracy ") != std::string::npos; };
+  while (!plan_trained() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by a signal";
+  const std::string printed = read_file(log);
+  ASSERT_EQ(WEXITSTATUS(status), 130) << printed << read_file(dir / "err.txt");
+  EXPECT_TRUE(Contains(printed, "interrupted: the search ended early; its choice is the fastest plan trained so far"))
+      << printed;
+  EXPECT_TRUE(Contains(printed, "chosen")) << printed;
+  EXPECT_TRUE(std::filesystem::exists(out));
+  EXPECT_TRUE(std::filesystem::exists(dir / "mlp-sketched.plan.toml"));
+  EXPECT_NO_THROW(torch::jit::load(out.string()));
 }
 
 TEST_F(CliSketch, TuneBadInputGetsOneErrorLine) {

@@ -15,6 +15,7 @@
 #include <torch/arg.h>
 #include <torch/csrc/jit/api/module.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -24,6 +25,8 @@
 #include "afterburner/train/config.h"
 
 namespace afterburner::tune {
+
+using StopFlag = const std::atomic<bool>*;  // as tune.h's
 
 struct SketchTuneOptions {
   // The accuracy a plan must reach on the validation split, in (0, 1]; or, instead, how far below
@@ -38,6 +41,9 @@ struct SketchTuneOptions {
   TORCH_ARG(int64_t, batch_size) = 64;        // the inference batch speeds are measured at
   TORCH_ARG(double, measure_seconds) = 0.5;   // per model and speed measurement
   TORCH_ARG(std::function<void(const std::string&)>, log) = nullptr;  // a line per finished step
+  // Set (e.g. by SIGINT under train::StopOnInterrupt, which also ends the training in progress):
+  // the search ends, keeping what it trained.
+  TORCH_ARG(StopFlag, stop) = nullptr;
 };
 
 struct SketchPlan {
@@ -60,6 +66,7 @@ struct SketchTuneResult {
   std::vector<SketchPlan> plans;        // fastest first
   train::TrainConfig recipe;            // the user's, which every plan trained with
   std::optional<std::size_t> chosen;    // index into plans
+  bool interrupted = false;             // the search was stopped; chosen is then the fastest trained plan that reached the target
   std::optional<torch::jit::Module> chosen_model;  // trained, as `train --export` writes it
   std::vector<std::string> notes;
 };
