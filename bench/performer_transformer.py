@@ -15,31 +15,19 @@ medians, and the time ratio.
         [--train 20000] [--epochs 1] [--embed 64] [--heads 4] [--layers 2] [--features 64]
 """
 import argparse
-import gzip
 import statistics
 import time
 
-import numpy as np
 import torch
 from torch import nn
 
 from afterburner import nn as abnn
-
-DATA = "/usr/share/datasets/fashion-mnist"
-
-
-def idx(path):
-    with gzip.open(path) as f:
-        data = f.read()
-    dims = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
+from pytorch_train import DEFAULT_DATA_DIR, MEAN, STD, load_split
 
 
 def split(name, patch):
-    images = torch.from_numpy(idx(f"{DATA}/{name}-images-idx3-ubyte.gz").copy()).float().div(255)
-    labels = torch.from_numpy(idx(f"{DATA}/{name}-labels-idx1-ubyte.gz").astype(np.int64))
-    images = (images - 0.2860) / 0.3530
+    images, labels = load_split(DEFAULT_DATA_DIR, name)
+    images = (images.float() / 255 - MEAN) / STD
     n, side = images.shape[0], 28 // patch
     tokens = images.view(n, side, patch, side, patch).permute(0, 1, 3, 2, 4).reshape(n, side * side, patch * patch)
     return tokens.contiguous(), labels

@@ -7,32 +7,21 @@ test accuracy, and samples/s at batch 64 and 1 (median, min and max of --reps ro
     PYTHONPATH=build/python /usr/bin/python3 bench/sketch_tune.py [--cli build/afterburner] [--reps 7]
 """
 import argparse
-import gzip
 import os
 import statistics
 import subprocess
 import tempfile
 import time
 
-import numpy as np
 import torch
 
-DATA = "/usr/share/datasets/fashion-mnist"
-
-
-def idx(path):
-    with gzip.open(path) as f:
-        data = f.read()
-    dims = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
+from pytorch_train import DEFAULT_DATA_DIR, MEAN, STD, load_split
 
 
 def test_set():
-    images = torch.from_numpy(idx(f"{DATA}/t10k-images-idx3-ubyte.gz").copy()).float().div(255)
-    labels = torch.from_numpy(idx(f"{DATA}/t10k-labels-idx1-ubyte.gz").astype(np.int64))
+    images, labels = load_split(DEFAULT_DATA_DIR, "t10k")
     # The training set's mean and standard deviation, as afterburner train normalises.
-    return ((images - 0.2860) / 0.3530).unsqueeze(1), labels
+    return ((images.float() / 255 - MEAN) / STD).unsqueeze(1), labels
 
 
 def per_call_seconds(model, batch, calls):

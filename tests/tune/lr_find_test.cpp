@@ -7,22 +7,13 @@
 #include "afterburner/core/error.h"
 #include "afterburner/train/session.h"
 #include "afterburner/tune/lr_find.h"
+#include "recipes.h"
 #include "testing.h"
 
 namespace afterburner::tune {
 namespace {
 
-train::TrainConfig small_mlp() {
-  train::TrainConfig config;
-  config.data = testing::fashion_mnist_dir().string();
-  config.model = "mlp";
-  config.batch_size = 64;
-  config.precision = "fp32";
-  config.threads = 1;
-  config.workers = 0;
-  config.progress = "none";
-  return config;
-}
+using testing_recipes::small_mlp;
 
 TEST(LrFind, SweepsGeometricallySmoothsTheLossAndCutsWhereItDiverges) {
   const auto config = small_mlp();

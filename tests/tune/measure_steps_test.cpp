@@ -3,20 +3,13 @@
 #include <gtest/gtest.h>
 
 #include "afterburner/train/session.h"
-#include "testing.h"
+#include "recipes.h"
 
 namespace afterburner::tune {
 namespace {
 
 train::TrainConfig mlp_at(double lr) {
-  train::TrainConfig config;
-  config.data = testing::fashion_mnist_dir().string();
-  config.model = "mlp";
-  config.batch_size = 64;
-  config.precision = "fp32";
-  config.threads = 1;
-  config.workers = 0;
-  config.progress = "none";
+  train::TrainConfig config = testing_recipes::small_mlp();
   config.lr = lr;
   return config;
 }
