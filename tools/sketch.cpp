@@ -1,5 +1,6 @@
 // afterburner sketch: replace a TorchScript model's Linear and Conv2d layers by sketched ones
-// (SKLinear, SKConv2d) initialised from their weights, and write TorchScript Python can load; or,
+// (SKLinear, SKConv2d) initialised from their weights, and its nn.MultiheadAttention by
+// random-feature attention with the same weights, and write TorchScript Python can load; or,
 // with --tune, find the fastest sketch of a zoo model that trains to a target accuracy.
 #include <iostream>
 #include <memory>
@@ -25,6 +26,8 @@ struct SketchArgs {
   int64_t terms = 1;
   int64_t rank = 0;
   double budget = 0;
+  int64_t attention_features = 0;
+  std::string attention_kernel = "softmax";
   bool tune = false;
   double time_budget = 600;
   int64_t inference_batch = 64;
@@ -77,18 +80,23 @@ int run_tune(const SketchArgs& args, const train::TrainConfig& recipe) {
 
 int run_sketch(const SketchArgs& args) {
   if (args.input.empty()) throw UsageError("sketch", "needs the TorchScript model to sketch (or --tune --model NAME)");
-  const auto config = sketch::SketchConfig().terms(args.terms).rank(args.rank).budget(args.budget);
+  const auto config = sketch::SketchConfig()
+                          .terms(args.terms)
+                          .rank(args.rank)
+                          .budget(args.budget)
+                          .attention_features(args.attention_features)
+                          .attention_kernel(sketch::parse_feature_kernel(args.attention_kernel));
   sketch::check_config(config);
   torch::jit::Module model = infer::load_model(args.input);
   const auto report = sketch::sketch_script(model, config);
   for (const auto& layer : report.layers) std::cout << sketch::describe(layer) << "\n";
   if (report.layers.empty()) {
-    throw Error(args.input + ": no Linear or Conv2d submodule to sketch (a frozen model, as `afterburner optimize` "
-                             "writes, has none: sketch before optimizing); nothing written");
+    throw Error(args.input + ": no Linear, Conv2d or MultiheadAttention submodule to sketch (a frozen model, as "
+                             "`afterburner optimize` writes, has none: sketch before optimizing); nothing written");
   }
   if (report.replaced_count() == 0) {
     throw Error(args.input + ": no layer was sketched (" + std::to_string(report.layers.size()) +
-                " Linear or Conv2d layers found); nothing written");
+                " Linear, Conv2d or MultiheadAttention layers found); nothing written");
   }
   std::cout << sketch::describe(report) << "\n";
   infer::save_model(model, args.output);
@@ -100,7 +108,8 @@ int run_sketch(const SketchArgs& args) {
 
 Command add_sketch_command(CLI::App& app) {
   auto* sub = app.add_subcommand("sketch", "replace a TorchScript model's Linear and Conv2d layers by sketched "
-                                           "low-rank ones initialised from their weights");
+                                           "low-rank ones initialised from their weights, and its attention by "
+                                           "random-feature attention");
   auto args = std::make_shared<SketchArgs>();
   sub->add_option("input", args->input, "TorchScript model (torch.jit.save or afterburner train --export)");
   sub->add_option("-o,--output", args->output, "where to write the sketched model")->required();
@@ -110,12 +119,20 @@ Command add_sketch_command(CLI::App& app) {
                                  "instead of --rank: the largest rank whose weights stay within this fraction "
                                  "of each layer's, in (0, 1)");
   rank->excludes(budget);
+  auto* features = sub->add_option("--attention-features", args->attention_features,
+                                   "random features per head (m) in place of each nn.MultiheadAttention's softmax "
+                                   "(Performer's FAVOR+, the same weights); without it attention stays exact")
+                       ->check(CLI::PositiveNumber);
+  sub->add_option("--attention-kernel", args->attention_kernel, "--attention-features: the feature map")
+      ->check(CLI::IsMember({"softmax", "relu"}))
+      ->capture_default_str()
+      ->needs(features);
   // --tune trains: the training options apply (--model, --data, --epochs, --target-accuracy, ...),
   // but not those that write train's outputs or choose a sketch themselves.
   auto* tune = sub->add_flag("--tune", args->tune,
                              "train sketched plans of a zoo model (--model) and write the fastest at inference whose "
                              "validation accuracy reaches --target-accuracy, its plan (TOML) and its frontier (SVG)");
-  tune->excludes(rank)->excludes(budget);
+  tune->excludes(rank)->excludes(budget)->excludes(features);
   sub->add_option("--time-budget", args->time_budget, "--tune: seconds for all its training runs, roughly")
       ->capture_default_str()
       ->needs(tune);

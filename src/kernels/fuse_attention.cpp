@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 #include <torch/csrc/jit/api/compilation_unit.h>
-#include <torch/csrc/jit/frontend/resolver.h>
-#include <torch/csrc/jit/frontend/sugared_value.h>
 #include <torch/csrc/jit/ir/ir.h>
 
 #include <memory>
@@ -11,16 +9,12 @@
 #include <vector>
 
 #include "afterburner/kernels/fuse.h"
+#include "afterburner/kernels/script_rewrites.h"
 
 namespace afterburner::kernels {
 namespace {
 
 namespace jit = torch::jit;
-
-// nn.MultiheadAttention.forward's arguments as LibTorch 1.13 scripts it: a forward of another
-// signature (a traced one, a later PyTorch's) is left as it is.
-const std::vector<std::string> kForwardArguments{"self",        "query",     "key", "value", "key_padding_mask",
-                                                 "need_weights", "attn_mask", "average_attn_weights"};
 
 // F.multi_head_attention_forward's computation, for the cases afterburner::attention computes as
 // it does: projections packed in in_proj_weight (split as _in_projection_packed splits them), the
@@ -128,15 +122,6 @@ def attend(query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional
     return out, probabilities
 )";
 
-// LibTorch's native resolver, with afterburner's ops beside aten's (which it names torch).
-struct Resolver : jit::Resolver {
-  std::shared_ptr<jit::SugaredValue> resolveValue(const std::string& name, jit::GraphFunction& function,
-                                                  const jit::SourceRange& location) override {
-    if (name == "afterburner") return std::make_shared<jit::BuiltinModule>("afterburner");
-    return jit::nativeResolver()->resolveValue(name, function, location);
-  }
-};
-
 // The helpers' graphs, their own calls inlined; compiled once.
 struct Helpers {
   std::shared_ptr<jit::Graph> unfusable, attend;
@@ -151,7 +136,7 @@ const Helpers& helpers() {
       source.replace(at, kBool.size(), std::to_string(static_cast<int>(c10::ScalarType::Bool)));
     }
     jit::CompilationUnit unit;
-    unit.define(c10::nullopt, source, std::make_shared<Resolver>(), nullptr);
+    unit.define(c10::nullopt, source, resolver_with_afterburner_ops(), nullptr);
     auto graph_of = [&](const char* name) {
       std::shared_ptr<jit::Graph> graph = jit::toGraphFunction(unit.get_function(name)).graph()->copy();
       inline_calls(*graph);
@@ -160,31 +145,6 @@ const Helpers& helpers() {
     return Helpers{graph_of("unfusable"), graph_of("attend")};
   }();
   return compiled;
-}
-
-// `type` is torch.nn's class `name`, scripted.
-bool is_torch_nn(const c10::ClassTypePtr& type, const char* name) {
-  const auto qualified = type->name();
-  return qualified && qualified->name() == name && qualified->prefix().rfind("__torch__.torch.nn.modules", 0) == 0;
-}
-
-// Why calls of `type`'s forward (a MultiheadAttention's) cannot be rewritten; empty if they can.
-std::string unfit(const c10::ClassTypePtr& type) {
-  std::vector<std::string> arguments;
-  for (const auto& argument : type->getMethod("forward").getSchema().arguments()) arguments.push_back(argument.name());
-  if (arguments != kForwardArguments) return "a forward of another signature (traced, or another PyTorch's)";
-  auto holds = [&](const char* name, c10::TypeKind kind) {
-    return type->hasAttribute(name) && type->getAttribute(name)->kind() == kind;
-  };
-  if (!holds("in_proj_weight", c10::TypeKind::TensorType)) return "separate query, key and value projections";
-  const auto out_proj = type->hasAttribute("out_proj") ? type->getAttribute("out_proj")->cast<c10::ClassType>() : nullptr;
-  if (!out_proj || !out_proj->hasAttribute("weight") || !out_proj->hasAttribute("bias")) return "an unusual out_proj";
-  for (const char* name :
-       {"training", "dropout", "add_zero_attn", "bias_k", "bias_v", "embed_dim", "num_heads", "in_proj_bias"}) {
-    if (!type->hasAttribute(name)) return fmt::format("no attribute {}", name);
-  }
-  if (!type->hasConstant("batch_first") && !type->hasAttribute("batch_first")) return "no attribute batch_first";
-  return "";
 }
 
 jit::Value* attribute(jit::Graph& graph, jit::Value* module, const char* name) {
@@ -287,7 +247,7 @@ bool rewrite_attention_calls_once(jit::Block* block, AttentionRewrite& result) {
       inline_without_fast_paths(node);
       inlined = true;
     } else if (is_torch_nn(type, "MultiheadAttention")) {
-      const std::string reason = unfit(type);
+      const std::string reason = why_not_rewritable_attention(type);
       if (reason.empty()) {
         rewrite(node, *block->owningGraph());
         ++result.fused;

@@ -25,10 +25,13 @@ Module new_module(const std::string& kind, const CompilationUnitPtr& unit) {
   return Module(c10::QualifiedName("__torch__.afterburner." + kind), unit, /*shouldMangle=*/true);
 }
 
-// Copies the layer's parameters and buffers (detached, so the export owns no autograd graph).
+// Copies the layer's parameters and buffers (detached, so the export owns no autograd graph). The
+// parameters require grad as the layer's do, as torch.jit.save keeps them: the file fine-tunes in
+// Python or with `train --model` like a scripted nn.Module.
 void copy_state(const nn::Module& layer, Module& out) {
   for (const auto& p : layer.named_parameters(/*recurse=*/false)) {
-    out.register_parameter(p.key(), p.value().detach().clone(), /*is_buffer=*/false);
+    out.register_parameter(p.key(), p.value().detach().clone().requires_grad_(p.value().requires_grad()),
+                           /*is_buffer=*/false);
   }
   for (const auto& b : layer.named_buffers(/*recurse=*/false)) {
     out.register_buffer(b.key(), b.value().detach().clone());

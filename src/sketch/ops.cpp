@@ -68,6 +68,21 @@ torch::Tensor rand_mha_op(const torch::Tensor& query, const torch::Tensor& key, 
                                   attention_mask);
 }
 
+torch::Tensor rand_mha_with_mha_masks_op(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                                         const c10::optional<torch::Tensor>& key_padding_mask,
+                                         const c10::optional<torch::Tensor>& attn_mask, bool batch_first,
+                                         const torch::Tensor& Wq, const torch::Tensor& Wk, const torch::Tensor& Wv,
+                                         const torch::Tensor& W0, const c10::optional<torch::Tensor>& bq,
+                                         const c10::optional<torch::Tensor>& bk, const c10::optional<torch::Tensor>& bv,
+                                         const c10::optional<torch::Tensor>& b0, const torch::Tensor& projection_matrix,
+                                         int64_t num_heads, c10::string_view kernel_fn, double dropout, bool training) {
+  const torch::Tensor none;
+  return rand_multihead_attention_with_mha_masks(
+      query, key, value, key_padding_mask, attn_mask, batch_first, Wq, Wk, Wv, W0, bq.value_or(none),
+      bk.value_or(none), bv.value_or(none), b0.value_or(none), projection_matrix, num_heads,
+      parse_feature_kernel(std::string(kernel_fn)), dropout, training);
+}
+
 torch::Tensor favor_attention_op(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                  const torch::Tensor& projection_matrix, c10::string_view kernel_fn, bool causal) {
   return favor_attention(q, k, v, projection_matrix, parse_feature_kernel(std::string(kernel_fn)), causal);
@@ -113,6 +128,14 @@ TORCH_LIBRARY_FRAGMENT(afterburner, m) {
         "Tensor? bk, Tensor? bv, Tensor? b0, Tensor projection_matrix, int num_heads, str kernel_fn='softmax', "
         "bool causal=False, float dropout=0.0, bool training=False, Tensor? attention_mask=None) -> Tensor",
         rand_mha_op);
+  // The same with nn.MultiheadAttention's layout and masks (sequence first unless batch_first;
+  // key_padding_mask, attn_mask; a causal attn_mask makes it causal): the forward of the layers
+  // `afterburner sketch` puts in place of nn.MultiheadAttention.
+  m.def("rand_mha_with_mha_masks(Tensor query, Tensor key, Tensor value, Tensor? key_padding_mask, "
+        "Tensor? attn_mask, bool batch_first, Tensor Wq, Tensor Wk, Tensor Wv, Tensor W0, Tensor? bq, Tensor? bk, "
+        "Tensor? bv, Tensor? b0, Tensor projection_matrix, int num_heads, str kernel_fn='softmax', "
+        "float dropout=0.0, bool training=False) -> Tensor",
+        rand_mha_with_mha_masks_op);
   // sum_j phi(q_i).phi(k_j) v_j / sum_j phi(q_i).phi(k_j) per head, q [B, L, H, d], k, v [B, S, H, d].
   m.def("favor_attention(Tensor q, Tensor k, Tensor v, Tensor projection_matrix, str kernel_fn='softmax', "
         "bool causal=False) -> Tensor",

@@ -48,13 +48,24 @@ void check_config(const SketchConfig& c) {
   if (c.terms() < 1) throw UsageError("sketch terms", fmt::format("must be at least 1, got {}", c.terms()));
   if (c.rank() < 0) throw UsageError("sketch rank", fmt::format("must be at least 1, got {}", c.rank()));
   if (c.rank() > 0 && c.budget() != 0.0) throw UsageError("sketch rank", "give a rank or a budget, not both");
-  if (c.rank() == 0 && !(c.budget() > 0.0 && c.budget() < 1.0)) {
-    throw UsageError("sketch budget", c.budget() == 0.0 ? "give a rank or a budget"
+  if (c.attention_features() < 0) {
+    throw UsageError("sketch attention features", fmt::format("must be at least 1, got {}", c.attention_features()));
+  }
+  const bool sketches_attention_alone = c.rank() == 0 && c.budget() == 0.0 && c.attention_features() > 0;
+  if (c.rank() == 0 && !sketches_attention_alone && !(c.budget() > 0.0 && c.budget() < 1.0)) {
+    throw UsageError("sketch budget", c.budget() == 0.0 ? "give a rank or a budget (or attention features alone)"
                                                         : fmt::format("must be in (0, 1), got {}", c.budget()));
   }
 }
 
-const char* to_string(LayerKind kind) { return kind == LayerKind::linear ? "Linear" : "Conv2d"; }
+const char* to_string(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::linear: return "Linear";
+    case LayerKind::conv2d: return "Conv2d";
+    case LayerKind::attention: return "MultiheadAttention";
+  }
+  return "";
+}
 
 LayerPlan keep_layer(std::string name, LayerKind kind, std::vector<int64_t> weight_shape, bool has_bias,
                      std::string reason) {
@@ -71,6 +82,10 @@ LayerPlan keep_layer(std::string name, LayerKind kind, std::vector<int64_t> weig
 LayerPlan plan_layer(const SketchConfig& config, std::string name, LayerKind kind,
                      std::vector<int64_t> weight_shape, bool has_bias) {
   LayerPlan plan = keep_layer(std::move(name), kind, std::move(weight_shape), has_bias, "");
+  if (config.rank() == 0 && config.budget() == 0.0) {
+    plan.kept_because = "no rank or budget given (attention sketched alone)";
+    return plan;
+  }
   const int64_t dense_weight = product(plan.weight_shape);
   const int64_t per_rank = params_per_rank(config.terms(), kind, plan.weight_shape);
   const int64_t rank = config.rank() > 0
@@ -89,7 +104,33 @@ LayerPlan plan_layer(const SketchConfig& config, std::string name, LayerKind kin
   return plan;
 }
 
+LayerPlan plan_attention(const SketchConfig& config, std::string name, int64_t embed_dim, int64_t num_heads,
+                         bool has_bias, std::string unsupported) {
+  LayerPlan plan;
+  plan.name = std::move(name);
+  plan.kind = LayerKind::attention;
+  plan.weight_shape = {3 * embed_dim, embed_dim};
+  plan.num_heads = num_heads;
+  plan.dense_params = 4 * embed_dim * embed_dim + (has_bias ? 4 * embed_dim : 0);  // in_proj and out_proj
+  plan.sketched_params = plan.dense_params;  // the same weights as Wq, Wk, Wv, W0 (and biases)
+  if (!unsupported.empty()) {
+    plan.kept_because = std::move(unsupported);
+  } else if (config.attention_features() == 0) {
+    plan.kept_because = "exact attention kept (no number of random features given)";
+  } else {
+    plan.random_features = config.attention_features();
+  }
+  return plan;
+}
+
 std::string describe(const LayerPlan& layer) {
+  if (layer.kind == LayerKind::attention) {
+    const std::string heads = layer.num_heads > 0 ? fmt::format(", {} heads", layer.num_heads) : "";  // traces hold none
+    const std::string what = fmt::format("{} (MultiheadAttention, embed_dim {}{})", layer.name, layer.weight_shape.at(1), heads);
+    if (!layer.replaced()) return fmt::format("{} kept: {}", what, layer.kept_because);
+    return fmt::format("{}: {} random features per head, {} parameters", what, layer.random_features,
+                       layer.sketched_params);
+  }
   const std::string what = fmt::format("{} ({} [{}])", layer.name, to_string(layer.kind), fmt::join(layer.weight_shape, ", "));
   if (!layer.replaced()) return fmt::format("{} kept: {}", what, layer.kept_because);
   return fmt::format("{}: rank {}, {} of {} parameters", what, layer.rank, layer.sketched_params, layer.dense_params);
@@ -99,6 +140,13 @@ std::string describe(const SketchReport& report) {
   const double fewer = report.params_after > 0 ? static_cast<double>(report.params_before) / report.params_after : 0.0;
   return fmt::format("{} -> {} trainable parameters ({:.2f}x fewer), {} of {} layers sketched", report.params_before,
                      report.params_after, fewer, report.replaced_count(), report.layers.size());
+}
+
+void LayerPlan::keep(std::string reason) {
+  kept_because = std::move(reason);
+  rank = 0;
+  random_features = 0;
+  sketched_params = dense_params;
 }
 
 int64_t SketchReport::replaced_count() const {

@@ -162,6 +162,64 @@ PaddingMask padding_of(const torch::Tensor& mask, int64_t batch, int64_t queries
   return padding;
 }
 
+// nn.MultiheadAttention's masks as rand_multihead_attention takes them.
+struct MhaMasks {
+  c10::optional<torch::Tensor> allowed;  // bool [B, L, S], true = may attend
+  bool causal = false;
+};
+
+// bool, true where MHA's mask ignores a key: the mask itself, or a float mask's -inf.
+torch::Tensor ignored_by(const torch::Tensor& mask, const char* name) {
+  const std::string field = std::string("nn.MultiheadAttention ") + name;
+  if (mask.scalar_type() == torch::kBool) return mask;
+  if (!mask.is_floating_point()) {
+    throw UsageError(field, "expected a bool or floating-point mask, got " + std::string(c10::toString(mask.scalar_type())));
+  }
+  const torch::Tensor ignored = torch::isneginf(mask);
+  if (!ignored.logical_or(mask == 0).all().item<bool>()) {
+    throw UsageError(field, "holds values other than 0 and -inf: random-feature attention cannot add them to scores");
+  }
+  return ignored;
+}
+
+// attn_mask as [B, L, S] true = ignored, its heads' masks equal.
+torch::Tensor ignored_by_attn_mask(const torch::Tensor& attn_mask, int64_t batch, int64_t heads, int64_t queries,
+                                   int64_t keys) {
+  const torch::Tensor ignored = ignored_by(attn_mask, "attn_mask");
+  if (ignored.sizes().equals({queries, keys})) return ignored.unsqueeze(0).expand({batch, queries, keys});
+  if (!ignored.sizes().equals({batch * heads, queries, keys})) {
+    throw UsageError("nn.MultiheadAttention attn_mask", fmt::format("expected [{}, {}] or [{}, {}, {}], got {}", queries,
+                                                                    keys, batch * heads, queries, keys, shape(attn_mask)));
+  }
+  const torch::Tensor per_head = ignored.view({batch, heads, queries, keys});
+  const torch::Tensor first = per_head.select(1, 0);
+  if (!torch::equal(per_head, first.unsqueeze(1).expand_as(per_head))) {
+    throw UsageError("nn.MultiheadAttention attn_mask", "differs between heads: random-feature attention takes one mask");
+  }
+  return first;
+}
+
+MhaMasks mha_masks(const c10::optional<torch::Tensor>& key_padding_mask, const c10::optional<torch::Tensor>& attn_mask,
+                   int64_t batch, int64_t heads, int64_t queries, int64_t keys) {
+  MhaMasks masks;
+  if (attn_mask) {
+    const torch::Tensor ignored = ignored_by_attn_mask(*attn_mask, batch, heads, queries, keys);
+    const auto later_keys = torch::ones({queries, keys}, ignored.options()).triu(1);
+    masks.causal = queries == keys && torch::equal(ignored, later_keys.expand_as(ignored));
+    if (!masks.causal) masks.allowed = ignored.logical_not();
+  }
+  if (key_padding_mask) {
+    const torch::Tensor ignored = ignored_by(*key_padding_mask, "key_padding_mask");
+    if (!ignored.sizes().equals({batch, keys})) {
+      throw UsageError("nn.MultiheadAttention key_padding_mask",
+                       fmt::format("expected [{}, {}], got {}", batch, keys, shape(*key_padding_mask)));
+    }
+    const torch::Tensor kept_keys = ignored.logical_not().unsqueeze(1).expand({batch, queries, keys});
+    masks.allowed = masks.allowed ? masks.allowed->logical_and(kept_keys) : kept_keys;
+  }
+  return masks;
+}
+
 }  // namespace
 
 FeatureKernel parse_feature_kernel(const std::string& name) {
@@ -280,6 +338,33 @@ torch::Tensor rand_multihead_attention(const torch::Tensor& query, const torch::
   return kernels::linear(attended.reshape({batch, queries, embed_dim}), W0, b0);
 }
 
+torch::Tensor rand_multihead_attention_with_mha_masks(
+    const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+    const c10::optional<torch::Tensor>& key_padding_mask, const c10::optional<torch::Tensor>& attn_mask,
+    bool batch_first, const torch::Tensor& Wq, const torch::Tensor& Wk, const torch::Tensor& Wv,
+    const torch::Tensor& W0, const torch::Tensor& bq, const torch::Tensor& bk, const torch::Tensor& bv,
+    const torch::Tensor& b0, const torch::Tensor& projection, int64_t num_heads, FeatureKernel kernel, double dropout,
+    bool training) {
+  // Batch first, as rand_multihead_attention takes them; one tensor for the three in
+  // self-attention, so that it projects them with one GEMM.
+  const bool unbatched = query.dim() == 2;
+  auto batch_first_of = [&](const torch::Tensor& x) {
+    if (unbatched) return x.unsqueeze(0);
+    return batch_first || x.dim() != 3 ? x : x.transpose(0, 1);
+  };
+  const torch::Tensor q = batch_first_of(query);
+  const torch::Tensor k = key.is_same(query) ? q : batch_first_of(key);
+  const torch::Tensor v = value.is_same(key) ? k : batch_first_of(value);
+  check_inputs(q, k, v, Wq.dim() == 2 ? Wq.size(1) : 0);
+  c10::optional<torch::Tensor> padding = key_padding_mask;
+  if (unbatched && padding) padding = padding->unsqueeze(0);
+  const MhaMasks masks = mha_masks(padding, attn_mask, q.size(0), num_heads, q.size(1), k.size(1));
+  const torch::Tensor out = rand_multihead_attention(q, k, v, Wq, Wk, Wv, W0, bq, bk, bv, b0, projection, num_heads,
+                                                     kernel, masks.causal, dropout, training, masks.allowed);
+  if (unbatched) return out.squeeze(0);
+  return batch_first ? out : out.transpose(0, 1);
+}
+
 RandMultiHeadAttentionImpl::RandMultiHeadAttentionImpl(const RandMultiHeadAttentionOptions& options)
     : options(options) {
   reset();
@@ -334,3 +419,4 @@ void RandMultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
 }
 
 }  // namespace afterburner::sketch
+

@@ -16,6 +16,8 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/kernels/fuse.h"
+#include "afterburner/kernels/script_rewrites.h"
+#include "afterburner/sketch/rand_attention.h"
 #include "afterburner/sketch/skconv2d.h"
 #include "afterburner/sketch/sklinear.h"
 
@@ -24,6 +26,7 @@ namespace jit = torch::jit;
 namespace {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+using NamedValues = std::vector<std::pair<std::string, c10::IValue>>;
 
 // The sizes come from the tensors, so sketched layers of any size share one TorchScript class.
 // The 1/(2L) scales the second operand rather than the output: once frozen, both operands are
@@ -47,24 +50,47 @@ def forward(self, x):
     return torch.conv2d(sketched, mix * (1.0 / self.U1s.size(0)), {bias})
 )";
 
+// nn.MultiheadAttention's forward, signature and result type as LibTorch 1.13 scripts it (its
+// callers stay as they are), computed by random features: the weights, which they do not
+// compute, are None (sketch_script replaces only layers whose callers do not read them).
+const char* const kAttentionForward = R"(
+def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
+            need_weights: bool = True, attn_mask: Optional[Tensor] = None,
+            average_attn_weights: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
+    out = afterburner.rand_mha_with_mha_masks(query, key, value, key_padding_mask, attn_mask, self.batch_first,
+                                              self.Wq, self.Wk, self.Wv, self.W0, {bq}, {bk}, {bv}, {b0},
+                                              self.projection_matrix, self.num_heads, self.kernel_fn, self.dropout,
+                                              self.training)
+    return out, None
+)";
+
+// Attributes of nn.MultiheadAttention's configuration its replacement holds too (ScriptedLayers
+// makes them), with the same values: code that reads them (TransformerEncoderLayer's checks for
+// its fast path) reads them from either.
+const std::set<std::string> kAttentionAttributes{"embed_dim", "num_heads", "batch_first", "dropout",
+                                                 "_qkv_same_embed_dim"};
+
 // Sketched layers as TorchScript modules: one class per distinct forward source.
 class ScriptedLayers {
  public:
   explicit ScriptedLayers(std::shared_ptr<jit::CompilationUnit> unit) : unit_(std::move(unit)) {}
 
   jit::Module make(const std::string& kind, const std::string& source, const NamedTensors& parameters,
-                   const NamedTensors& buffers, bool training) {
+                   const NamedTensors& buffers, bool training, const NamedValues& attributes = {}) {
     auto known = classes_.find(source);
     jit::Module out = known != classes_.end()
                           ? jit::Module(unit_, known->second)
                           : jit::Module(c10::QualifiedName("__torch__.afterburner.sketch." + kind), unit_, true);
-    for (const auto& [name, tensor] : parameters) out.register_parameter(name, tensor.detach().clone(), false);
+    for (const auto& [name, tensor] : parameters) {
+      out.register_parameter(name, tensor.detach().clone().requires_grad_(tensor.requires_grad()), false);
+    }
     for (const auto& [name, tensor] : buffers) out.register_buffer(name, tensor.detach().clone());
+    for (const auto& [name, value] : attributes) out.register_attribute(name, value.type(), value);
+    out.register_attribute("training", c10::BoolType::get(), training);  // read by forwards that drop out
     if (known == classes_.end()) {
-      out.define(source);
+      out.define(source, kernels::resolver_with_afterburner_ops());
       classes_.emplace(source, out.type());
     }
-    out.train(training);
     return out;
   }
 
@@ -86,16 +112,34 @@ class ScriptedLayers {
     return make("SKConv2d", source, parameters, {{"U1s", layer.U1s}}, training);
   }
 
+  jit::Module make(const RandMultiHeadAttentionImpl& layer, bool batch_first, bool training) {
+    const bool bias = layer.options.bias();
+    NamedTensors parameters{{"Wq", layer.Wq}, {"Wk", layer.Wk}, {"Wv", layer.Wv}, {"W0", layer.W0}};
+    if (bias) parameters.insert(parameters.end(), {{"bq", layer.bq}, {"bk", layer.bk}, {"bv", layer.bv}, {"b0", layer.b0}});
+    auto bias_of = [&](const char* name) { return bias ? fmt::format("self.{}", name) : std::string("None"); };
+    const std::string source = fmt::format(kAttentionForward, fmt::arg("bq", bias_of("bq")), fmt::arg("bk", bias_of("bk")),
+                                           fmt::arg("bv", bias_of("bv")), fmt::arg("b0", bias_of("b0")));
+    const auto& o = layer.options;  // kAttentionAttributes, and the feature map
+    return make("RandMultiHeadAttention", source, parameters, {{"projection_matrix", layer.projection_matrix}}, training,
+                {{"embed_dim", o.embed_dim()}, {"num_heads", o.num_heads()}, {"batch_first", batch_first},
+                 {"dropout", o.dropout()}, {"_qkv_same_embed_dim", true}, {"kernel_fn", to_string(o.kernel())}});
+  }
+
  private:
   std::shared_ptr<jit::CompilationUnit> unit_;
   std::map<std::string, c10::ClassTypePtr> classes_;
 };
 
-// A submodule whose forward is one linear or 2-D convolution of its own weight and bias.
+// A submodule whose forward is one linear or 2-D convolution of its own weight and bias, or a
+// scripted nn.MultiheadAttention.
 struct DenseLayer {
   LayerKind kind = LayerKind::linear;
-  torch::Tensor weight, bias;             // bias undefined when the layer has none
+  torch::Tensor weight, bias;             // bias undefined when the layer has none; attention: in_proj's
   std::vector<int64_t> stride, padding;   // conv2d only
+  torch::Tensor out_weight, out_bias;     // attention only: out_proj's
+  int64_t num_heads = 0;                  // attention only
+  bool batch_first = false;               // attention only
+  double dropout = 0.0;                   // attention only
   std::string unsupported;                // why it cannot be sketched; empty if it can
 };
 
@@ -174,6 +218,49 @@ std::optional<DenseLayer> as_dense_layer(const jit::Module& module) {
   return layer;
 }
 
+// The module's attribute `name`, or its class's constant of that name (batch_first is one).
+c10::IValue attribute_or_constant(const jit::Module& module, const char* name) {
+  if (module.type()->hasConstant(name)) return module.type()->getConstant(name);
+  return module.attr(name);
+}
+
+// A scripted (or traced) nn.MultiheadAttention, with why it cannot be replaced if it cannot.
+std::optional<DenseLayer> as_attention_layer(const jit::Module& module) {
+  if (!kernels::is_torch_nn(module.type(), "MultiheadAttention")) return std::nullopt;
+  DenseLayer layer;
+  layer.kind = LayerKind::attention;
+  if (module.hasattr("in_proj_weight") && module.attr("in_proj_weight").isTensor()) {
+    layer.weight = module.attr("in_proj_weight").toTensor();
+  }
+  if (module.hasattr("num_heads")) layer.num_heads = module.attr("num_heads").toInt();
+  layer.unsupported = kernels::why_not_rewritable_attention(module.type());
+  if (!layer.unsupported.empty()) return layer;
+  if (module.attr("add_zero_attn").toBool()) {
+    layer.unsupported = "add_zero_attn is not sketched";
+  } else if (!module.attr("bias_k").isNone()) {
+    layer.unsupported = "add_bias_kv is not sketched";
+  }
+  if (!layer.unsupported.empty()) return layer;
+  if (module.attr("in_proj_bias").isTensor()) layer.bias = module.attr("in_proj_bias").toTensor();
+  const jit::Module out_proj = module.attr("out_proj").toModule();
+  layer.out_weight = out_proj.attr("weight").toTensor();
+  if (out_proj.attr("bias").isTensor()) layer.out_bias = out_proj.attr("bias").toTensor();
+  layer.batch_first = attribute_or_constant(module, "batch_first").toBool();
+  layer.dropout = module.attr("dropout").toDouble();
+  return layer;
+}
+
+LayerPlan plan_for(const SketchConfig& config, const std::string& path, const DenseLayer& layer) {
+  const bool has_bias = layer.bias.defined();
+  if (layer.kind == LayerKind::attention) {
+    const int64_t embed_dim = layer.weight.defined() ? layer.weight.size(1) : 0;
+    return plan_attention(config, path, embed_dim, layer.num_heads, has_bias, layer.unsupported);
+  }
+  const std::vector<int64_t> shape = layer.weight.sizes().vec();
+  return layer.unsupported.empty() ? plan_layer(config, path, layer.kind, shape, has_bias)
+                                   : keep_layer(path, layer.kind, shape, has_bias, layer.unsupported);
+}
+
 struct Candidate {
   jit::Module parent;
   std::string attribute;  // the layer's name in its parent
@@ -186,15 +273,13 @@ void find_candidates(const jit::Module& parent, const std::string& prefix, const
                      std::vector<Candidate>& out) {
   for (const jit::NameModule& child : parent.named_children()) {
     const std::string path = prefix.empty() ? child.name : prefix + "." + child.name;
-    auto layer = as_dense_layer(child.value);
+    auto layer = as_attention_layer(child.value);
+    if (!layer) layer = as_dense_layer(child.value);
     if (!layer) {
       find_candidates(child.value, path, config, out);
       continue;
     }
-    const std::vector<int64_t> shape = layer->weight.sizes().vec();
-    const bool has_bias = layer->bias.defined();
-    LayerPlan plan = layer->unsupported.empty() ? plan_layer(config, path, layer->kind, shape, has_bias)
-                                                : keep_layer(path, layer->kind, shape, has_bias, layer->unsupported);
+    LayerPlan plan = plan_for(config, path, *layer);
     out.push_back({parent, child.name, child.value, std::move(*layer), std::move(plan)});
   }
 }
@@ -218,24 +303,83 @@ void for_each_read(const jit::Module& model, const c10::ClassTypePtr& parent_typ
   }
 }
 
-// Why the layer's module cannot change class: some code does more than call its forward.
+// The (output, weights) an attention call returns is read for its output alone.
+bool reads_only_the_output(const jit::Node* call) {
+  for (const jit::Use& u : call->output()->uses()) {
+    const jit::Node* user = u.user;
+    if (user->kind() == c10::prim::TupleUnpack && user->output(1)->uses().empty()) continue;
+    const auto index = user->kind() == c10::prim::TupleIndex ? jit::toIValue(user->input(1)) : c10::nullopt;
+    if (!index || !index->isInt() || index->toInt() != 0) return false;
+  }
+  return true;
+}
+
+// Why the layer's module cannot change class: some code does more than call its forward, or
+// reads attention weights random features do not compute.
 std::string other_use(const jit::Module& model, const Candidate& candidate) {
   std::string use;
   for_each_read(model, candidate.parent.type(), candidate.attribute, [&](jit::Node* read, const jit::Function& in) {
     for (const jit::Use& u : read->output()->uses()) {
       const bool calls_forward = u.user->kind() == c10::prim::CallMethod && u.offset == 0 &&
                                  u.user->s(c10::attr::name) == "forward";
-      if (!calls_forward && use.empty()) use = fmt::format("{} uses the module other than by calling it", in.name());
+      const bool attention = candidate.layer.kind == LayerKind::attention;
+      const bool reads_held_attribute = attention && u.user->kind() == c10::prim::GetAttr &&
+                                        kAttentionAttributes.count(u.user->s(c10::attr::name)) > 0;
+      if (!use.empty() || reads_held_attribute) continue;
+      if (!calls_forward) {
+        use = fmt::format("{} uses the module other than by calling it", in.name());
+      } else if (attention && !reads_only_the_output(u.user)) {
+        use = fmt::format("{} reads the attention weights, which random features do not compute", in.name());
+      }
     }
   });
   return use;
 }
 
-jit::Module sketched_module(const Candidate& candidate, const SketchConfig& config, ScriptedLayers& layers) {
+// TransformerEncoderLayer's and TransformerEncoder's evaluation fast paths read their attention's
+// packed weights: removed, so that their attention can change class (the path they train with
+// computes the same function).
+void remove_fast_paths_of_transformers(const jit::Module& model) {
+  std::set<const c10::ClassType*> seen;
+  for (const jit::Module& module : model.modules()) {
+    const c10::ClassTypePtr& type = module.type();
+    if (!seen.insert(type.get()).second) continue;
+    if (!kernels::is_torch_nn(type, "TransformerEncoderLayer") && !kernels::is_torch_nn(type, "TransformerEncoder")) {
+      continue;
+    }
+    for (jit::Function* method : type->methods()) {
+      jit::GraphFunction& function = jit::toGraphFunction(*method);
+      if (kernels::remove_transformer_fast_paths(function.graph()) > 0) function.clear_optimized_graphs();
+    }
+  }
+}
+
+jit::Module scripted_sketch(const Candidate& candidate, const SketchConfig& config, ScriptedLayers& layers) {
   torch::NoGradGuard no_grad;
   const DenseLayer& dense = candidate.layer;
   const bool training = candidate.module.is_training();
   const auto dtype = dense.weight.scalar_type();
+  if (dense.kind == LayerKind::attention) {
+    const int64_t embed_dim = dense.weight.size(1);
+    RandMultiHeadAttention layer(RandMultiHeadAttentionOptions(embed_dim, dense.num_heads, config.attention_features())
+                                     .dropout(dense.dropout)
+                                     .bias(dense.bias.defined())
+                                     .kernel(config.attention_kernel()));
+    const auto in_proj = dense.weight.chunk(3);  // query, key, value, as MHA splits it
+    layer->Wq.copy_(in_proj[0]);
+    layer->Wk.copy_(in_proj[1]);
+    layer->Wv.copy_(in_proj[2]);
+    layer->W0.copy_(dense.out_weight);
+    if (dense.bias.defined()) {
+      const auto in_bias = dense.bias.chunk(3);
+      layer->bq.copy_(in_bias[0]);
+      layer->bk.copy_(in_bias[1]);
+      layer->bv.copy_(in_bias[2]);
+      layer->b0.copy_(dense.out_bias);
+    }
+    layer->to(dtype);
+    return layers.make(*layer, dense.batch_first, training);
+  }
   if (dense.kind == LayerKind::linear) {
     SKLinear layer(SKLinearOptions(dense.weight.size(1), dense.weight.size(0))
                        .terms(config.terms()).rank(candidate.plan.rank).bias(dense.bias.defined()),
@@ -254,14 +398,20 @@ jit::Module sketched_module(const Candidate& candidate, const SketchConfig& conf
   return layers.make(*layer, training);
 }
 
+// Its parameters train where the dense layer's weight did: Python fine-tunes the file as it would
+// have the dense one, and a frozen layer stays frozen.
+jit::Module sketched_module(const Candidate& candidate, const SketchConfig& config, ScriptedLayers& layers) {
+  jit::Module sketched = scripted_sketch(candidate, config, layers);
+  for (torch::Tensor parameter : sketched.parameters()) parameter.requires_grad_(candidate.layer.weight.requires_grad());
+  return sketched;
+}
+
 // Layers whose parents share a TorchScript class must all change class or none.
 using Group = std::vector<Candidate*>;
 
 void keep_group(Group& group, const std::string& reason) {
   for (Candidate* c : group) {
-    if (c->plan.replaced()) {
-      c->plan = keep_layer(c->plan.name, c->plan.kind, c->plan.weight_shape, c->layer.bias.defined(), reason);
-    }
+    if (c->plan.replaced()) c->plan.keep(reason);
   }
 }
 
@@ -314,6 +464,10 @@ SketchReport sketch_script(jit::Module& model, const SketchConfig& config) {
   report.params_before = trainable_parameters(model);
   std::vector<Candidate> candidates;
   find_candidates(model, "", config, candidates);
+  if (std::any_of(candidates.begin(), candidates.end(),
+                  [](const Candidate& c) { return c.layer.kind == LayerKind::attention && c.plan.replaced(); })) {
+    remove_fast_paths_of_transformers(model);
+  }
 
   std::map<std::pair<const c10::ClassType*, std::string>, Group> groups;
   for (Candidate& c : candidates) groups[{c.parent.type().get(), c.attribute}].push_back(&c);

@@ -229,8 +229,8 @@ torch::jit::Module load_user_model(const TrainConfig& config, const TrainingData
   for (const auto& parameter : script.parameters()) trainable = trainable || parameter.requires_grad();
   if (!trainable) {
     throw UsageError("--model", config.model + ": none of its parameters requires grad, so there is nothing to train "
-                                               "(files from `afterburner train --export` or torch.jit.freeze are "
-                                               "for inference)");
+                                               "(files from torch.jit.freeze or `afterburner optimize` are for "
+                                               "inference)");
   }
   if (data_parallel && has_batch_norm(script)) {
     throw UsageError("--nproc", config.model + " has BatchNorm layers, which would normalise each rank's batch "

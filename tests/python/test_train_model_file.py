@@ -80,6 +80,16 @@ def test_a_python_model_trains_in_place_and_exports(tmp_path, trace):
     assert report["trainable_parameters"] == sum(p.numel() for p in trained.parameters())
 
 
+def test_a_zoo_models_export_fine_tunes_like_a_scripted_module(tmp_path):
+    train("--model", "mlp", "--max-steps", 150, "--export", tmp_path / "mlp.pt")
+    exported = torch.jit.load(str(tmp_path / "mlp.pt"))
+    assert all(p.requires_grad for p in exported.parameters()), "torch.jit.save keeps a module's parameters so"
+    start = accuracy_of(exported)
+    train("--model", tmp_path / "mlp.pt", "--max-steps", 1, "--lr", 1e-5, "--report", tmp_path / "report.json")
+    tuned = json.loads((tmp_path / "report.json").read_text())["test_accuracy"]
+    assert abs(tuned - start) < 0.01, (tuned, start)  # one tiny step from the exported weights
+
+
 def test_batch_size_one_trains_and_a_second_run_gives_the_same_bits(tmp_path):
     source = saved(UserCnn(), tmp_path / "model.pt")
     for name in ("first.pt", "second.pt"):

@@ -50,6 +50,28 @@ TEST(SketchPlan, LayersThatWouldNotSaveAreKeptWithTheReason) {
             "rank 16 would not save: 2Lk = 32 >= C_out = 32");
 }
 
+TEST(SketchPlan, AttentionKeepsItsWeightsAndIsReplacedOnlyGivenFeatures) {
+  // in_proj [3E, E] + out_proj [E, E] and their biases: the same tensors as Wq, Wk, Wv, W0.
+  auto plan = plan_attention(SketchConfig().attention_features(32), "enc.self_attn", 64, 4, true);
+  ASSERT_TRUE(plan.replaced());
+  EXPECT_EQ(plan.random_features, 32);
+  EXPECT_EQ(plan.dense_params, 4 * 64 * 64 + 4 * 64);
+  EXPECT_EQ(plan.sketched_params, plan.dense_params);
+  EXPECT_EQ(describe(plan), "enc.self_attn (MultiheadAttention, embed_dim 64, 4 heads): 32 random features per head, "
+                            "16640 parameters");
+  auto exact = plan_attention(SketchConfig().rank(4), "attn", 64, 4, false);
+  EXPECT_EQ(exact.kept_because, "exact attention kept (no number of random features given)");
+  EXPECT_EQ(exact.dense_params, 4 * 64 * 64);
+  auto traced = plan_attention(SketchConfig().attention_features(8), "attn", 16, 0, true, "a traced forward");
+  EXPECT_EQ(describe(traced), "attn (MultiheadAttention, embed_dim 16) kept: a traced forward");
+  // Features alone: Linear layers are kept, attention replaced.
+  EXPECT_EQ(plan_layer(SketchConfig().attention_features(8), "fc", LayerKind::linear, {64, 64}, true).kept_because,
+            "no rank or budget given (attention sketched alone)");
+  plan.keep("its class is shared");
+  EXPECT_FALSE(plan.replaced());
+  EXPECT_EQ(plan.random_features, 0);
+}
+
 TEST(SketchPlan, TheReportSumsUp) {
   SketchReport report;
   report.layers.push_back(plan_layer(SketchConfig().rank(4), "a", LayerKind::linear, {64, 64}, true));

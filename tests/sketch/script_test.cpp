@@ -233,6 +233,9 @@ TEST(SketchConfig, BadConfigsNameTheField) {
   EXPECT_TRUE(Contains(message(SketchConfig().budget(1.5)), "sketch budget: must be in (0, 1), got 1.5"));
   EXPECT_TRUE(Contains(message(SketchConfig().rank(4).terms(0)), "sketch terms: must be at least 1, got 0"));
   EXPECT_TRUE(Contains(message(SketchConfig().rank(-1)), "sketch rank: must be at least 1, got -1"));
+  EXPECT_TRUE(Contains(message(SketchConfig().attention_features(-2)),
+                       "sketch attention features: must be at least 1, got -2"));
+  EXPECT_NO_THROW(sketch_script(model, SketchConfig().attention_features(16)));
 }
 
 }  // namespace

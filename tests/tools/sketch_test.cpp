@@ -115,7 +115,19 @@ TEST_F(CliSketch, BadInputGetsOneErrorLineAndWritesNothing) {
   const auto frozen = dir_ / "mlp-opt.pt";
   ASSERT_EQ(run_cli({"optimize", dense.string(), "-o", frozen.string(), "--measure-seconds", "0"}).exit_code, 0);
   EXPECT_TRUE(fails_with(run_cli({"sketch", frozen.string(), "-o", out.string(), "--rank", "4"}), 1,
-                         {frozen.string(), "no Linear or Conv2d submodule to sketch", "sketch before optimizing"}));
+                         {frozen.string(), "no Linear, Conv2d or MultiheadAttention submodule to sketch",
+                          "sketch before optimizing"}));
+  // Attention's options: a positive number of features, a known kernel, and the kernel only with them.
+  for (const std::vector<std::string>& attention : std::vector<std::vector<std::string>>{
+           {"--attention-features", "0"}, {"--attention-kernel", "relu"},
+           {"--attention-features", "8", "--attention-kernel", "cosine"}}) {
+    std::vector<std::string> args{"sketch", dense.string(), "-o", out.string()};
+    args.insert(args.end(), attention.begin(), attention.end());
+    EXPECT_EQ(run_cli(args).exit_code, 2) << attention.back();
+  }
+  // The mlp holds no attention: features alone sketch nothing.
+  EXPECT_TRUE(fails_with(run_cli({"sketch", dense.string(), "-o", out.string(), "--attention-features", "8"}), 1,
+                         {dense.string(), "no layer was sketched"}));
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 

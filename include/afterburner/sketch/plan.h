@@ -13,31 +13,42 @@
 #include <string>
 #include <vector>
 
+#include "afterburner/sketch/feature_kernel.h"
+
 namespace afterburner::sketch {
 
-// Exactly one of rank and budget is set: a fixed k for every layer, or the largest k whose
-// trainable weights stay within `budget` times the dense layer's.
+// At most one of rank and budget is set: a fixed k for every layer, or the largest k whose
+// trainable weights stay within `budget` times the dense layer's; neither keeps Linear and Conv2d
+// layers (when attention_features sketches attention alone).
 struct SketchConfig {
   TORCH_ARG(int64_t, terms) = 1;     // L
   TORCH_ARG(int64_t, rank) = 0;      // k; 0: derived from the budget
   TORCH_ARG(double, budget) = 0.0;   // in (0, 1); 0: a fixed rank
+  // m random features per head in place of nn.MultiheadAttention's softmax (sketch_script); 0
+  // keeps attention exact.
+  TORCH_ARG(int64_t, attention_features) = 0;
+  TORCH_ARG(FeatureKernel, attention_kernel) = FeatureKernel::softmax;
 };
 
-// Throws UsageError naming "sketch terms", "sketch rank" or "sketch budget".
+// Throws UsageError naming "sketch terms", "sketch rank", "sketch budget" or "sketch attention
+// features".
 void check_config(const SketchConfig& config);
 
-enum class LayerKind { linear, conv2d };
+enum class LayerKind { linear, conv2d, attention };
 const char* to_string(LayerKind kind);
 
 struct LayerPlan {
   std::string name;                   // the layer's path in its model, e.g. "0" or "features.3"
   LayerKind kind = LayerKind::linear;
-  std::vector<int64_t> weight_shape;  // torch layout: [out, in] or [C_out, C_in, Kh, Kw]
+  std::vector<int64_t> weight_shape;  // torch layout: [out, in], [C_out, C_in, Kh, Kw]; attention [3E, E]
   int64_t dense_params = 0;           // weight + bias
   int64_t sketched_params = 0;        // trainable after sketching (S1s, S2s, bias); dense_params if kept
   int64_t rank = 0;                   // k when replaced, 0 when kept
+  int64_t num_heads = 0;              // attention only
+  int64_t random_features = 0;        // attention: m when replaced, 0 when kept
   std::string kept_because;           // empty when the layer is replaced
   bool replaced() const { return kept_because.empty(); }
+  void keep(std::string reason);     // a plan that replaced the layer keeps it after all
 };
 
 // A layer is replaced when its sketch costs less than the dense layer (sketch_saves_nothing is
@@ -51,8 +62,14 @@ LayerPlan plan_layer(const SketchConfig& config, std::string name, LayerKind kin
 LayerPlan keep_layer(std::string name, LayerKind kind, std::vector<int64_t> weight_shape, bool has_bias,
                      std::string reason);
 
+// nn.MultiheadAttention of embed_dim E (its in_proj_weight [3E, E], out_proj [E, E]): replaced
+// by random-feature attention of config.attention_features() features (the same parameters,
+// renamed) unless that is 0 or `unsupported` says why it cannot be.
+LayerPlan plan_attention(const SketchConfig& config, std::string name, int64_t embed_dim, int64_t num_heads,
+                         bool has_bias, std::string unsupported = "");
+
 struct SketchReport {
-  std::vector<LayerPlan> layers;  // every Linear and Conv2d found, replaced or kept
+  std::vector<LayerPlan> layers;  // every Linear, Conv2d and MultiheadAttention found, replaced or kept
   int64_t params_before = 0;      // the model's trainable parameters
   int64_t params_after = 0;
   int64_t replaced_count() const;

@@ -21,15 +21,9 @@
 #include <ostream>
 #include <string>
 
+#include "afterburner/sketch/feature_kernel.h"
+
 namespace afterburner::sketch {
-
-// The random feature map phi: softmax (positive features whose inner products estimate
-// exp(q.k / sqrt(d))) or relu (Performer's generalised ReLU kernel).
-enum class FeatureKernel { softmax, relu };
-
-// "softmax" or "relu"; anything else is a UsageError.
-FeatureKernel parse_feature_kernel(const std::string& name);
-std::string to_string(FeatureKernel kernel);
 
 // m rows of dimension d: stacked blocks of d orthonormal rows (Q of the QR of a Gaussian d x d,
 // the last block cut to m mod d rows), each row then scaled by the norm of a Gaussian d-vector
@@ -94,6 +88,23 @@ torch::Tensor rand_multihead_attention(const torch::Tensor& query, const torch::
                                        const torch::Tensor& projection, int64_t num_heads, FeatureKernel kernel,
                                        bool causal, double dropout, bool training,
                                        const c10::optional<torch::Tensor>& attention_mask = c10::nullopt);
+
+// nn.MultiheadAttention's call on the random-feature layer (the layers `afterburner sketch` puts in
+// place of a model's nn.MultiheadAttention): query [L, N, E], key and value [S, N, E] ([N, L, E]
+// when batch_first; unbatched [L, E] too), output in the query's layout; MHA's masks, bool (true
+// = ignored) or float (0 kept, -inf ignored): key_padding_mask [N, S], attn_mask [L, S] or
+// [N * num_heads, L, S] (the same for every head). An attn_mask that is exactly the causal one
+// (key j ignored by query i for j > i, nn.Transformer.generate_square_subsequent_mask's) makes
+// the call causal; any other must mask whole query rows and key columns. Float masks holding
+// other values than 0 and -inf are refused: random features cannot add them to scores.
+// Throws UsageError naming the argument that does not fit.
+torch::Tensor rand_multihead_attention_with_mha_masks(
+    const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+    const c10::optional<torch::Tensor>& key_padding_mask, const c10::optional<torch::Tensor>& attn_mask,
+    bool batch_first, const torch::Tensor& Wq, const torch::Tensor& Wk, const torch::Tensor& Wv,
+    const torch::Tensor& W0, const torch::Tensor& bq, const torch::Tensor& bk, const torch::Tensor& bv,
+    const torch::Tensor& b0, const torch::Tensor& projection, int64_t num_heads, FeatureKernel kernel, double dropout,
+    bool training);
 
 class RandMultiHeadAttentionImpl : public torch::nn::Cloneable<RandMultiHeadAttentionImpl> {
  public:

@@ -1,6 +1,7 @@
 // Sketched layers in TorchScript: a whole model file rewritten (`afterburner sketch`), or one
 // layer scripted for export. Python's torch.jit.load runs the result; each sketched layer is a
-// submodule holding S1s, S2s (SKLinear only), U1s, U2s (SKLinear only) and bias.
+// submodule holding S1s, S2s (SKLinear only), U1s, U2s (SKLinear only) and bias; each
+// random-feature attention Wq, Wk, Wv, W0, bq, bk, bv, b0 and projection_matrix.
 //
 //   namespace sketch = afterburner::sketch;
 //   torch::jit::Module model = torch::jit::load("mlp.pt");
@@ -27,10 +28,16 @@ torch::jit::Module script_layer(const SKConv2dImpl& layer, const std::shared_ptr
 // Replaces, in place, every submodule whose forward is exactly one linear or conv2d of its own
 // weight and bias (torch.nn.Linear and Conv2d as Python scripts or traces them, afterburner's
 // exports) by a sketched layer initialised from that weight, where plan_layer says the sketch
-// costs less. Layers that cannot be replaced are reported with the reason and left as they are:
-// a grouped, dilated or transposed convolution, a layer whose module is used other than by
-// calling it, a layer sharing its TorchScript class with one that is kept. Checks that the
-// result reloads.
+// costs less; and, given config.attention_features(), every scripted nn.MultiheadAttention
+// (alone, in nn.TransformerEncoderLayer, torchvision's ViT) by random-feature attention holding
+// its weights as Wq, Wk, Wv, W0 (and biases), called as MHA is (rand_multihead_attention_with_mha_masks:
+// its layout and masks; a causal attn_mask makes it causal) and returning (out, None), so that
+// TransformerEncoderLayer's and TransformerEncoder's evaluation fast paths are removed. Those
+// layers call afterburner's ops: Python loads the file after `import afterburner`.
+// Layers that cannot be replaced are reported with the reason and left as they are: a grouped,
+// dilated or transposed convolution, a traced attention, a layer whose module is used other than
+// by calling it, an attention whose caller reads its weights, a layer sharing its TorchScript
+// class with one that is kept. Checks that the result reloads.
 // Throws UsageError for a bad config.
 SketchReport sketch_script(torch::jit::Module& model, const SketchConfig& config);
 
