@@ -22,6 +22,7 @@ constexpr uint8_t kPngSignature[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'
 constexpr uint8_t kJpegSignature[] = {0xFF, 0xD8, 0xFF};
 // Larger images are refused before their pixels are allocated (a corrupt header can claim 4G x 4G).
 constexpr int64_t kMaxPixels = int64_t{1} << 28;
+constexpr int64_t kDeflateBestRatio = 1032;
 
 template <size_t N>
 bool starts_with(const uint8_t* bytes, size_t size, const uint8_t (&signature)[N]) {
@@ -187,6 +188,13 @@ PngDecoder png_decoder(const uint8_t* bytes, size_t size, spng_ihdr& header, con
   if (error == 0) error = spng_get_ihdr(context.get(), &header);
   if (error != 0) throw DataError(source, fmt::format("corrupt PNG: {}", spng_strerror(error)));
   check_dimensions(header.width, header.height, "PNG", source);
+  // Deflate compresses 1,032 bytes into 1 at best: a file cannot hold more filtered rows (a flag
+  // byte and at least bit_depth bits a pixel) than that, however corrupt or truncated it is.
+  const int64_t least_raw_bytes = int64_t{header.height} * (1 + (int64_t{header.width} * header.bit_depth + 7) / 8);
+  if (least_raw_bytes > kDeflateBestRatio * static_cast<int64_t>(size)) {
+    throw DataError(source, fmt::format("corrupt PNG: its header declares {}x{} pixels, more than its {} bytes can hold",
+                                        header.width, header.height, size));
+  }
   return context;
 }
 

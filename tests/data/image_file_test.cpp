@@ -129,6 +129,11 @@ TEST(ImageFile, BadBytesAreOneLineNamingTheSource) {
   std::string huge = png;  // the IHDR's width set to 2^30: refused before its pixels are allocated
   huge[16] = 0x40;
   EXPECT_TRUE(Contains(error_message<DataError>([&] { decoded(huge); }), "test: corrupt PNG"));
+  // A header cut short that claims 122 x 1,769,472 16-bit pixels (the image fuzzer's find): 30
+  // bytes cannot hold them, refused before 648 MB are allocated for them.
+  const std::string claims_much("\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR\0\0\0\x7a\0\x1b\0\0\x10\x02\0\0\0\x6f", 30);
+  EXPECT_TRUE(Contains(error_message<DataError>([&] { decoded(claims_much); }),
+                       "test: corrupt PNG: its header declares 122x1769472 pixels, more than its 30 bytes can hold"));
   std::string vast = jpeg;  // its frame header's height and width set to 60000: refused before decoding
   const size_t frame = vast.find("\xFF\xC0");
   ASSERT_NE(frame, std::string::npos);
