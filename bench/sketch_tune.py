@@ -1,10 +1,15 @@
 #!/usr/bin/python3
-"""`afterburner sketch --tune` on the zoo's mlp, judged outside afterburner: the chosen sketched
-model and the dense mlp trained with the same recipe, both run by Python PyTorch frozen for
-inference (torch.jit.optimize_for_inference(torch.jit.freeze(...))), alternating: Fashion-MNIST
-test accuracy, and samples/s at batch 64 and 1 (median, min and max of --reps rounds).
+"""`afterburner sketch --tune` judged outside afterburner: the chosen sketched model and the dense
+model trained with the same recipe, both run by Python PyTorch frozen for inference
+(torch.jit.optimize_for_inference(torch.jit.freeze(...))), alternating: Fashion-MNIST test
+accuracy, and samples/s at batch 64 and 1 (median, min and max of --reps rounds).
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/sketch_tune.py [--cli build/afterburner] [--reps 7]
+--model is a zoo model (default mlp) or `patches`: a TorchScript file this script writes, Fashion-MNIST
+as 196 tokens of 2x2 pixels through one nn.TransformerEncoder layer (embed 32, 2 heads), whose
+attention the search may replace by random features. --recipe adds training options to both runs.
+
+    PYTHONPATH=build/python /usr/bin/python3 bench/sketch_tune.py [--model mlp|patches] [--recipe "--epochs 1"]
+        [--cli build/afterburner] [--reps 7] [--max-accuracy-drop 0.01]
 """
 import argparse
 import os
@@ -14,8 +19,27 @@ import tempfile
 import time
 
 import torch
+from torch import nn
 
+import afterburner  # noqa: F401  (a sketched file's attention calls afterburner's ops)
 from pytorch_train import DEFAULT_DATA_DIR, MEAN, STD, load_split
+
+
+class Patches(nn.Module):
+    """Fashion-MNIST as 196 tokens of 2x2 pixels through one encoder layer (also tests/python's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 32)
+        self.position = nn.Parameter(torch.randn(1, 196, 32) * 0.02)
+        layer = nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 1)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        b = x.size(0)
+        tokens = x.reshape(b, 14, 2, 14, 2).permute(0, 1, 3, 2, 4).reshape(b, 196, 4)
+        return self.head(self.encoder(self.embed(tokens) + self.position).mean(1))
 
 
 def test_set():
@@ -36,20 +60,29 @@ def main():
     parser.add_argument("--cli", default="build/afterburner")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--max-accuracy-drop", default="0.01")
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--recipe", default="", help="training options for both runs, e.g. '--epochs 1'")
     args = parser.parse_args()
     torch.set_num_threads(2)
     work = tempfile.mkdtemp()
-    sketched, dense = os.path.join(work, "mlp-sketched.pt"), os.path.join(work, "mlp.pt")
-    tune = subprocess.run([args.cli, "sketch", "--tune", "--model", "mlp", "--max-accuracy-drop",
-                           args.max_accuracy_drop, "-o", sketched], capture_output=True, text=True, check=True)
-    print(tune.stdout)
-    print(open(os.path.join(work, "mlp-sketched.plan.toml")).read())
-    subprocess.run([args.cli, "train", "--model", "mlp", "--progress", "none", "--export", dense], check=True,
+    model = args.model
+    if model == "patches":
+        torch.manual_seed(0)
+        model = os.path.join(work, "patches.pt")
+        torch.jit.script(Patches()).save(model)
+    recipe = args.recipe.split()
+    sketched, dense = os.path.join(work, "sketched.pt"), os.path.join(work, "dense.pt")
+    tune = subprocess.run([args.cli, "sketch", "--tune", "--model", model, "--max-accuracy-drop", args.max_accuracy_drop,
+                           *recipe, "-o", sketched], capture_output=True, text=True)
+    print(tune.stdout, tune.stderr)
+    tune.check_returncode()
+    print(open(os.path.join(work, "sketched.plan.toml")).read())
+    subprocess.run([args.cli, "train", "--model", model, "--progress", "none", *recipe, "--export", dense], check=True,
                    capture_output=True)
     images, labels = test_set()
     models = {}
     with torch.no_grad():
-        for name, path in (("dense mlp", dense), ("sketched mlp", sketched)):
+        for name, path in (("dense", dense), ("sketched", sketched)):
             model = torch.jit.load(path).eval()
             accuracy = (model(images).argmax(1) == labels).float().mean().item()
             models[name] = torch.jit.optimize_for_inference(torch.jit.freeze(model))
@@ -62,10 +95,10 @@ def main():
             for _ in range(args.reps):
                 for name, model in models.items():
                     times[name].append(batch_size / per_call_seconds(model, batch, calls))
-            dense_median = statistics.median(times["dense mlp"])
+            dense_median = statistics.median(times["dense"])
             for name, values in times.items():
                 median = statistics.median(values)
-                print(f"batch {batch_size:3d} {name:13s} {median:10.0f} samples/s [{min(values):.0f}-{max(values):.0f}]"
+                print(f"batch {batch_size:3d} {name:9s} {median:10.0f} samples/s [{min(values):.0f}-{max(values):.0f}]"
                       f"  {median / dense_median:5.2f}x dense")
 
 

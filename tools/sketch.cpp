@@ -1,7 +1,7 @@
 // afterburner sketch: replace a TorchScript model's Linear and Conv2d layers by sketched ones
 // (SKLinear, SKConv2d) initialised from their weights, and its nn.MultiheadAttention by
 // random-feature attention with the same weights, and write TorchScript Python can load; or,
-// with --tune, find the fastest sketch of a zoo model that trains to a target accuracy.
+// with --tune, find the fastest sketch of a model (zoo or file) that trains to a target accuracy.
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -47,7 +47,7 @@ std::string beside(const std::string& output, const std::string& suffix) {
 
 int run_tune(const SketchArgs& args, const train::TrainConfig& recipe) {
   if (!args.input.empty()) {
-    throw UsageError("sketch --tune", "takes the model as --model (a zoo model), not as '" + args.input + "'");
+    throw UsageError("sketch --tune", "takes the model as --model (a zoo model or a file), not as '" + args.input + "'");
   }
   const std::string plan = args.plan.empty() ? beside(args.output, "plan.toml") : args.plan;
   const std::string frontier = args.frontier.empty() ? beside(args.output, "frontier.svg") : args.frontier;
@@ -130,8 +130,9 @@ Command add_sketch_command(CLI::App& app) {
   // --tune trains: the training options apply (--model, --data, --epochs, --target-accuracy, ...),
   // but not those that write train's outputs or choose a sketch themselves.
   auto* tune = sub->add_flag("--tune", args->tune,
-                             "train sketched plans of a zoo model (--model) and write the fastest at inference whose "
-                             "validation accuracy reaches --target-accuracy, its plan (TOML) and its frontier (SVG)");
+                             "train sketched plans of a model (--model: a zoo model or a TorchScript file, whose "
+                             "attention is searched too) and write the fastest at inference whose validation "
+                             "accuracy reaches --target-accuracy, its plan (TOML) and its frontier (SVG)");
   tune->excludes(rank)->excludes(budget)->excludes(features);
   sub->add_option("--time-budget", args->time_budget, "--tune: seconds for all its training runs, roughly")
       ->capture_default_str()

@@ -336,9 +336,9 @@ std::string other_use(const jit::Module& model, const Candidate& candidate) {
   return use;
 }
 
-// TransformerEncoderLayer's and TransformerEncoder's evaluation fast paths read their attention's
-// packed weights: removed, so that their attention can change class (the path they train with
-// computes the same function).
+// TransformerEncoderLayer's and TransformerEncoder's evaluation fast paths read the weights of
+// their attention and Linear layers: removed, so that those can change class (the path they train
+// with computes the same function).
 void remove_fast_paths_of_transformers(const jit::Module& model) {
   std::set<const c10::ClassType*> seen;
   for (const jit::Module& module : model.modules()) {
@@ -464,9 +464,8 @@ SketchReport sketch_script(jit::Module& model, const SketchConfig& config) {
   report.params_before = trainable_parameters(model);
   std::vector<Candidate> candidates;
   find_candidates(model, "", config, candidates);
-  if (std::any_of(candidates.begin(), candidates.end(),
-                  [](const Candidate& c) { return c.layer.kind == LayerKind::attention && c.plan.replaced(); })) {
-    remove_fast_paths_of_transformers(model);
+  if (std::any_of(candidates.begin(), candidates.end(), [](const Candidate& c) { return c.plan.replaced(); })) {
+    remove_fast_paths_of_transformers(model);  // they read the layers' weights: attention's, linear1's, ...
   }
 
   std::map<std::pair<const c10::ClassType*, std::string>, Group> groups;

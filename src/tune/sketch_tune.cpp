@@ -14,6 +14,7 @@
 #include "afterburner/infer/model_file.h"
 #include "afterburner/infer/optimize.h"
 #include "afterburner/models/zoo.h"
+#include "afterburner/sketch/script.h"
 #include "afterburner/sketch/sequential.h"
 #include "afterburner/train/session.h"
 #include "afterburner/train/trainer.h"
@@ -47,8 +48,38 @@ class ScratchDirectory {
   fs::path path_;
 };
 
+bool is_zoo_model(const std::string& name) {
+  const auto& zoo = models::model_names();
+  return std::find(zoo.begin(), zoo.end(), name) != zoo.end();
+}
+
+// "L 2 k 32", "L 1 k 16 m 64", "m 64" (attention alone), "dense".
 std::string plan_name(const SketchPlan& plan) {
-  return plan.terms == 0 ? "dense" : fmt::format("L {} k {}", plan.terms, plan.rank);
+  if (plan.dense()) return "dense";
+  std::vector<std::string> parts;
+  if (plan.rank > 0) parts.push_back(fmt::format("L {} k {}", plan.terms, plan.rank));
+  if (plan.attention_features > 0) parts.push_back(fmt::format("m {}", plan.attention_features));
+  return fmt::format("{}", fmt::join(parts, " "));
+}
+
+// The plan as a file name: "L2-k32-m64".
+std::string plan_file_stem(const SketchPlan& plan) {
+  return fmt::format("L{}-k{}-m{}", plan.terms, plan.rank, plan.attention_features);
+}
+
+// The plan's sketch of a TorchScript file.
+sketch::SketchConfig file_sketch(const SketchPlan& plan) {
+  return sketch::SketchConfig().terms(std::max<int64_t>(plan.terms, 1)).rank(plan.rank).attention_features(plan.attention_features);
+}
+
+// How many layers of each kind the report replaced: {Linear and Conv2d, attention}.
+std::pair<int64_t, int64_t> replaced_by_kind(const sketch::SketchReport& report) {
+  std::pair<int64_t, int64_t> counts{0, 0};
+  for (const auto& layer : report.layers) {
+    if (!layer.replaced()) continue;
+    ++(layer.kind == sketch::LayerKind::attention ? counts.second : counts.first);
+  }
+  return counts;
 }
 
 std::string plan_verdict_chosen(const SketchPlan& plan, double recipe_lr) {
@@ -80,7 +111,7 @@ class SketchSearch {
 
   SketchTuneResult run() {
     data_ = train::load_training_data(recipe_);
-    result_.dense = measured_plan(0, 0);
+    result_.dense = measured_plan(SketchPlan());
     if (!train(result_.dense) && result_.interrupted) return std::move(result_);
     if (!result_.dense.accuracy) {
       throw Error("the dense " + recipe_.model + " does not train with this recipe: " + result_.dense.verdict);
@@ -96,11 +127,6 @@ class SketchSearch {
 
  private:
   static void check(const TrainConfig& recipe, const SketchTuneOptions& options) {
-    const auto& zoo = models::model_names();
-    if (std::find(zoo.begin(), zoo.end(), recipe.model) == zoo.end()) {
-      throw UsageError("--model", fmt::format("sketch --tune trains zoo models ({}); '{}' is not one",
-                                              fmt::join(zoo, ", "), recipe.model));
-    }
     if (recipe.sketch) throw UsageError("--sketch", "sketch --tune chooses the sketch itself; drop --sketch");
     if (const auto drop = options.max_accuracy_drop()) {
       if (options.target_accuracy() != 0) {
@@ -127,20 +153,10 @@ class SketchSearch {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   }
 
-  // The plan's model as built for training, exported and frozen for inference, then timed.
-  SketchPlan measured_plan(int64_t terms, int64_t rank) {
-    SketchPlan plan;
-    plan.terms = terms;
-    plan.rank = rank;
-    train::TrainingSession session(sketched(recipe_, terms, rank), data_);
-    if (const sketch::SketchReport* report = session.sketch_report()) {
-      for (const auto& layer : report->layers) plan.layers.push_back(sketch::describe(layer));
-      plan.parameters = report->params_after;
-    }
-    const std::string file = scratch_.file("measured.pt");
-    session.export_model(file);
-    const torch::jit::Module model = infer::load_model(file);
-    if (terms == 0) {
+  // The plan's model frozen for inference and timed.
+  SketchPlan measured_plan(SketchPlan plan) {
+    const torch::jit::Module model = file_ ? file_model(plan) : zoo_model(plan);
+    if (plan.dense()) {
       for (const auto& parameter : model.parameters()) plan.parameters += parameter.numel();
     }
     torch::jit::Module frozen = infer::prepare_for_inference(infer::optimize(model).model);
@@ -151,16 +167,63 @@ class SketchSearch {
     return plan;
   }
 
-  // Whether L terms of rank k replace any layer of the model (sketch_sequential's rule, as
-  // training applies it).
-  bool sketches_a_layer(int64_t terms, int64_t rank) const {
-    const auto options = models::ModelOptions()
-                             .in_channels(data_.channels)
-                             .image_size(data_.image_size)
-                             .num_classes(static_cast<int64_t>(data_.classes.size()));
-    return sketch::sketch_sequential(models::make_model(recipe_.model, options),
-                                     sketch::SketchConfig().terms(terms).rank(rank))
-               .report.replaced_count() > 0;
+  void describe_layers(const sketch::SketchReport& report, SketchPlan& plan) const {
+    for (const auto& layer : report.layers) plan.layers.push_back(sketch::describe(layer));
+    plan.parameters = report.params_after;
+  }
+
+  // A zoo model as training builds it (sketched as planned) and exports it.
+  torch::jit::Module zoo_model(SketchPlan& plan) {
+    train::TrainingSession session(sketched(recipe_, plan.terms, plan.rank), data_);
+    if (const sketch::SketchReport* report = session.sketch_report()) describe_layers(*report, plan);
+    const std::string file = scratch_.file("measured.pt");
+    session.export_model(file);
+    return infer::load_model(file);
+  }
+
+  // The user's file sketched as planned, saved for its training.
+  torch::jit::Module file_model(SketchPlan& plan) {
+    torch::jit::Module model = infer::load_model(recipe_.model);
+    if (plan.dense()) return model;
+    describe_layers(sketch::sketch_script(model, file_sketch(plan)), plan);
+    const std::string initial = scratch_.file("initial-" + plan_file_stem(plan) + ".pt");
+    infer::save_model(model, initial);
+    initial_files_[plan_name(plan)] = initial;
+    return model;
+  }
+
+  // Why the plan is not searched: a part of it replaces no layer. Empty if every part does.
+  std::string replaces_nothing(const SketchPlan& plan) const {
+    int64_t layers = 0, attention = 0;
+    if (file_) {
+      torch::jit::Module model = infer::load_model(recipe_.model);
+      std::tie(layers, attention) = replaced_by_kind(sketch::sketch_script(model, file_sketch(plan)));
+    } else {
+      const auto options = models::ModelOptions()
+                               .in_channels(data_.channels)
+                               .image_size(data_.image_size)
+                               .num_classes(static_cast<int64_t>(data_.classes.size()));
+      layers = sketch::sketch_sequential(models::make_model(recipe_.model, options),
+                                         sketch::SketchConfig().terms(plan.terms).rank(plan.rank))
+                   .report.replaced_count();
+    }
+    if (plan.rank > 0 && layers == 0) return "no layer's sketch costs less than the layer";
+    if (plan.attention_features > 0 && attention == 0) return "no nn.MultiheadAttention is replaced";
+    return "";
+  }
+
+  // The attention features searched: the options' for a file whose attention can be replaced.
+  std::vector<int64_t> attention_features() {
+    std::vector<int64_t> features{0};
+    if (!file_ || options_.attention_features().empty()) return features;
+    SketchPlan probe;
+    probe.attention_features = options_.attention_features().front();
+    if (const std::string why = replaces_nothing(probe); !why.empty()) {
+      result_.notes.push_back("random-feature attention not searched: " + why);
+      return features;
+    }
+    features.insert(features.end(), options_.attention_features().begin(), options_.attention_features().end());
+    return features;
   }
 
   // One sample's shape, as the model takes it.
@@ -169,17 +232,31 @@ class SketchSearch {
     return {data_.channels, data_.image_size, data_.image_size};
   }
 
-  // Every (L, k) that sketches at least one layer, measured, fastest first; those not faster than
-  // the dense model are listed, not searched.
+  // Every plan that sketches at least one layer (each of its parts at least one), measured,
+  // fastest first; those not faster than the dense model are listed, not searched.
   void gather_plans() {
+    std::vector<std::pair<int64_t, int64_t>> shapes{{1, 0}};  // (L, k); k 0: Linear and Conv2d kept
     for (const int64_t terms : options_.terms()) {
       for (const int64_t rank : options_.ranks()) {
-        if (stopped()) return;
-        if (!sketches_a_layer(terms, rank)) {
-          result_.notes.push_back(fmt::format("L {} k {}: no layer's sketch costs less than the layer", terms, rank));
-          continue;
+        SketchPlan plan;
+        plan.terms = terms;
+        plan.rank = rank;
+        if (const std::string why = replaces_nothing(plan); !why.empty()) {
+          result_.notes.push_back(fmt::format("{}: {}", plan_name(plan), why));
+        } else {
+          shapes.emplace_back(terms, rank);
         }
-        SketchPlan plan = measured_plan(terms, rank);
+      }
+    }
+    for (const int64_t features : attention_features()) {
+      for (const auto& [terms, rank] : shapes) {
+        if (stopped()) return;
+        SketchPlan plan;
+        plan.terms = terms;
+        plan.rank = rank;
+        plan.attention_features = features;
+        if (plan.dense()) continue;
+        plan = measured_plan(plan);
         plan.speedup = plan.samples_per_sec / result_.dense.samples_per_sec;
         log(fmt::format("{}: {:.0f} samples/s, {:.2f}x dense", plan_name(plan), plan.samples_per_sec, plan.speedup));
         result_.plans.push_back(std::move(plan));
@@ -192,12 +269,20 @@ class SketchSearch {
     }
   }
 
+  // The recipe that trains the plan: the zoo model sketched, or the file's sketched copy.
+  TrainConfig training_config(const SketchPlan& plan) const {
+    if (!file_) return sketched(recipe_, plan.terms, plan.rank);
+    TrainConfig config = recipe_;
+    if (!plan.dense()) config.model = initial_files_.at(plan_name(plan));
+    return config;
+  }
+
   // Trains the plan with the recipe; where its loss turns inf or NaN, again at a quarter of the
   // learning rate, twice at most (a sketched layer's S1s and S2s move its weight by about
   // d_out / k times their own step, so small ranks need smaller rates). False when every attempt
   // failed, which the verdict says.
   bool train(SketchPlan& plan) {
-    TrainConfig config = sketched(recipe_, plan.terms, plan.rank);
+    TrainConfig config = training_config(plan);
     for (int attempt = 0; attempt <= kLearningRateRetries; ++attempt, config.lr /= 4) {
       train::TrainingSession session(config, data_);
       train::TrainReport report;
@@ -217,10 +302,10 @@ class SketchSearch {
       plan.accuracy = report.test_accuracy;
       plan.train_seconds += report.train_seconds;
       plan.verdict.clear();
-      if (plan.terms > 0) {
-        const std::string file = scratch_.file(fmt::format("L{}k{}.pt", plan.terms, plan.rank));
+      if (!plan.dense()) {
+        const std::string file = scratch_.file("trained-" + plan_file_stem(plan) + ".pt");
         session.export_model(file);
-        trained_files_[{plan.terms, plan.rank}] = file;
+        trained_files_[plan_name(plan)] = file;
       }
       return true;
     }
@@ -290,7 +375,8 @@ class SketchSearch {
     SketchPlan& chosen = result_.plans[index];
     chosen.verdict = plan_verdict_chosen(chosen, recipe_.lr);
     result_.chosen = index;
-    result_.chosen_model = infer::load_model(trained_files_.at({chosen.terms, chosen.rank}));
+    result_.chosen_model = infer::load_model(trained_files_.at(plan_name(chosen)));
+    if (file_) result_.chosen_initial_model = infer::load_model(initial_files_.at(plan_name(chosen)));
   }
 
   SketchTuneOptions options_;
@@ -298,7 +384,9 @@ class SketchSearch {
   train::TrainingData data_;
   SketchTuneResult result_;
   ScratchDirectory scratch_;
-  std::map<std::pair<int64_t, int64_t>, std::string> trained_files_;  // (L, k) -> the trained model
+  const bool file_ = !is_zoo_model(recipe_.model);  // a TorchScript file, not a zoo model
+  std::map<std::string, std::string> initial_files_;  // plan name -> a file's sketched copy, before training
+  std::map<std::string, std::string> trained_files_;  // plan name -> the trained model
   double dense_seconds_ = 0;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
@@ -312,7 +400,7 @@ const SketchPlan& chosen_plan(const SketchTuneResult& result) {
   return result.plans[*result.chosen];
 }
 
-std::string plan_toml(const SketchTuneResult& result) {
+std::string plan_toml(const SketchTuneResult& result, const std::string& initial_model) {
   const SketchPlan& plan = chosen_plan(result);
   std::string out = fmt::format(
       "# afterburner sketch --tune: the fastest plan of {} whose validation accuracy reaches {:.4f}.\n"
@@ -323,7 +411,12 @@ std::string plan_toml(const SketchTuneResult& result) {
   for (const auto& layer : plan.layers) out += "#   " + layer + "\n";
   out += "# `afterburner train --config <this file>` trains it again.\n";
   const train::TrainConfig defaults;
-  train::TrainConfig config = sketched(result.recipe, plan.terms, plan.rank);
+  train::TrainConfig config = result.recipe;
+  if (result.chosen_initial_model) {
+    config.model = initial_model;  // the file sketched as planned, before training
+  } else {
+    config = sketched(result.recipe, plan.terms, plan.rank);
+  }
   config.lr = plan.lr;
   return out + train::to_toml(config, &defaults);
 }
@@ -355,11 +448,11 @@ SketchTuneResult tune_sketch(const TrainConfig& recipe, const SketchTuneOptions&
 std::string format_sketch_table(const SketchTuneResult& result) {
   std::string out = fmt::format("{}: validation accuracy at least {:.4f}; samples/s frozen for inference at batch {}\n",
                                 result.model, result.target_accuracy, result.batch_size);
-  out += fmt::format("{:<10} {:>11} {:>12} {:>8} {:>10}  {}\n", "plan", "parameters", "samples/s", "speedup",
+  out += fmt::format("{:<16} {:>11} {:>12} {:>8} {:>10}  {}\n", "plan", "parameters", "samples/s", "speedup",
                      "accuracy", "verdict");
   auto row = [&](const SketchPlan& plan) {
-    out += fmt::format("{:<10} {:>11} {:>12.0f} {:>7.2f}x {:>10}  {}\n", plan_name(plan), plan.parameters,
-                       plan.samples_per_sec, plan.terms == 0 ? 1.0 : plan.speedup, accuracy_text(plan), plan.verdict);
+    out += fmt::format("{:<16} {:>11} {:>12.0f} {:>7.2f}x {:>10}  {}\n", plan_name(plan), plan.parameters,
+                       plan.samples_per_sec, plan.dense() ? 1.0 : plan.speedup, accuracy_text(plan), plan.verdict);
   };
   row(result.dense);
   for (const auto& plan : result.plans) row(plan);
@@ -371,8 +464,17 @@ void write_sketch_outputs(const SketchTuneResult& result, const std::string& mod
                           const std::string& frontier_path) {
   chosen_plan(result);
   infer::save_model(*result.chosen_model, model_path);
-  write_file_atomically(plan_path, plan_toml(result));
+  const std::string initial = initial_model_path(plan_path);
+  if (result.chosen_initial_model) infer::save_model(*result.chosen_initial_model, initial);
+  write_file_atomically(plan_path, plan_toml(result, initial));
   write_file_atomically(frontier_path, frontier_svg(result));
+}
+
+std::string initial_model_path(const std::string& plan_path) {
+  const std::string suffix = ".toml";
+  const bool toml = plan_path.size() > suffix.size() &&
+                    plan_path.compare(plan_path.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return (toml ? plan_path.substr(0, plan_path.size() - suffix.size()) : plan_path) + ".initial.pt";
 }
 
 std::string no_plan_message(const SketchTuneResult& result) {
@@ -382,8 +484,13 @@ std::string no_plan_message(const SketchTuneResult& result) {
   }
   const std::string dense = result.dense.accuracy ? fmt::format("{:.4f}", *result.dense.accuracy) : "not trained";
   if (!best) {
-    return fmt::format("no sketched plan of {} reaches {:.4g} on the validation split: none was trained (dense {})",
-                       result.model, result.target_accuracy, dense);
+    const bool none_faster = std::none_of(result.plans.begin(), result.plans.end(),
+                                          [](const SketchPlan& plan) { return plan.speedup > 1; });
+    return fmt::format("no sketched plan of {} reaches {:.4g} on the validation split: none was trained{} (dense {})",
+                       result.model, result.target_accuracy,
+                       none_faster ? fmt::format(", none is faster than the dense model at batch {}", result.batch_size)
+                                   : "",
+                       dense);
   }
   return fmt::format("no sketched plan of {} reaches {:.4g} on the validation split: the most accurate trained, {}, "
                      "reached {:.4f} (dense {})",

@@ -5,7 +5,10 @@ double with each attention replaced by Panther's random-feature definition writt
 the projection the file holds. Forward in evaluation and training, gradients, masks, twice; and the
 layers it must keep, with the reason."""
 import copy
+import json
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +17,13 @@ from torch import Tensor, nn
 from typing import Optional
 
 import afterburner  # noqa: F401  (the sketched files call afterburner's ops)
+from image_models import RowsTransformer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from sketch_tune import Patches  # noqa: E402  (196 tokens: long enough for random features to pay)
 from served import BINARY
 from test_rand_attention import panther_features
+from test_train_model_file import FASHION_MNIST, accuracy_of, fashion_mnist_subset
 
 pytestmark = pytest.mark.skipif(not BINARY, reason="AFTERBURNER_BINARY is set by ctest")
 
@@ -187,6 +195,23 @@ def test_encoder_with_padding_equals_the_definition(tmp_path, batch):
         assert_close(file(x, float_padding), reference(x.double(), padding))
 
 
+def test_the_encoder_layers_linear_layers_are_sketched_without_its_attention(tmp_path):
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    torch.jit.script(model).save(str(tmp_path / "dense.pt"))
+    done = subprocess.run([BINARY, "sketch", str(tmp_path / "dense.pt"), "-o", str(tmp_path / "sketched.pt"), "--rank",
+                           "8"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # TransformerEncoderLayer's fast path reads linear1.weight: removed, it no longer keeps linear1.
+    assert "encoder.layers.0.linear1 (Linear [64, 32]): rank 8" in done.stdout
+    assert "encoder.layers.0.self_attn (MultiheadAttention, embed_dim 32, 4 heads) kept: exact attention" in done.stdout
+    file = torch.jit.load(str(tmp_path / "sketched.pt"))
+    x = torch.randn(2, 9, 32)
+    with torch.no_grad():
+        first = file(x)
+        assert torch.equal(file(x), first) and torch.isfinite(first).all()
+
+
 def test_encoder_gradients_equal_autograds_through_the_definition(tmp_path):
     torch.manual_seed(1)
     model = Encoder().train()
@@ -230,6 +255,23 @@ def test_vision_transformer_from_torchvision(tmp_path):
     assert report.count("random features per head") == 2
     images = torch.randn(2, 3, 32, 32)
     assert_same_twice(file, (images,), reference_of(model, file)(images.double()))
+
+
+def test_bf16_autocast_runs_the_sketched_file_close_to_fp32_and_trains(tmp_path):
+    torch.manual_seed(4)
+    file, _ = sketched(tmp_path, vision_transformer().eval())
+    images = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        exact = file(images)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            first, second = file(images), file(images)
+    assert first.dtype == torch.bfloat16 and torch.equal(first, second)
+    assert (first.float() - exact).abs().max() / exact.abs().max() < 3e-2  # bf16's 8 bits, features in fp32
+    file.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        file(images).float().square().sum().backward()
+    gradient = dict(file.named_parameters())["encoder.layers.encoder_layer_0.self_attention.Wq"].grad
+    assert gradient is not None and torch.isfinite(gradient).all() and gradient.abs().sum() > 0
 
 
 def test_linear_layers_are_sketched_beside_attention(tmp_path):
@@ -284,3 +326,53 @@ def test_a_sketched_file_goes_on_to_optimize_and_serves_as_python_runs_it(tmp_pa
         images = torch.randn(batch, 3, 32, 32)
         with torch.no_grad():
             assert_close(optimized(images), file(images).double())
+
+
+@pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs the dataset")
+def test_a_sketched_transformer_trains_exports_and_optimizes_as_users_chain_them(tmp_path):
+    torch.manual_seed(7)
+    sketched(tmp_path, RowsTransformer())  # in training mode (its dropout on), as a model about to train
+    run = subprocess.run([BINARY, "train", "--model", str(tmp_path / "sketched.pt"), "--max-steps", "150",
+                          "--progress", "none", "--threads", "2", "--report", str(tmp_path / "report.json"),
+                          "--export", str(tmp_path / "trained.pt")], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr
+    accuracy = json.loads((tmp_path / "report.json").read_text())["test_accuracy"]
+    assert accuracy > 0.6, accuracy
+    trained = torch.jit.load(str(tmp_path / "trained.pt"))
+    name = "encoder.layers.0.self_attn.Wq"
+    assert not torch.equal(trained.state_dict()[name], torch.jit.load(str(tmp_path / "sketched.pt")).state_dict()[name])
+    assert abs(accuracy_of(trained) - accuracy) < 0.005  # Python runs the model the report measured
+    done = subprocess.run([BINARY, "optimize", str(tmp_path / "trained.pt"), "-o", str(tmp_path / "optimized.pt"),
+                           "--verify-seconds", "1", "--measure-seconds", "0"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs the dataset")
+def test_tune_searches_a_files_attention_and_writes_a_plan_train_takes(tmp_path):
+    torch.manual_seed(8)
+    torch.jit.script(Patches()).save(str(tmp_path / "patches.pt"))
+    data = tmp_path / "data"
+    fashion_mnist_subset(data, 1000, 200)
+    out = tmp_path / "patches-sketched.pt"
+    done = subprocess.run([BINARY, "sketch", "--tune", "--model", str(tmp_path / "patches.pt"), "--data", str(data),
+                           "--epochs", "1", "--max-steps", "20", "--threads", "2", "--max-accuracy-drop", "0.9",
+                           "--measure-seconds", "0.05", "-o", str(out)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = done.stdout[done.stdout.index("\ndense"):].strip().splitlines()
+    assert "chosen" in rows[1], done.stdout  # every plan reaches a target 0.9 below dense: the fastest wins
+    names = [row[:16].strip() for row in rows[1:] if not row.startswith("note")]
+    assert {"m 32", "m 64", "m 128"} <= set(names), done.stdout  # attention alone, each m
+    assert any(name.startswith("L ") and " m " in name for name in names), done.stdout  # and with the Linear layers
+
+    plan = (tmp_path / "patches-sketched.plan.toml").read_text()
+    initial = tmp_path / "patches-sketched.plan.initial.pt"
+    assert f"model = '{initial}'" in plan and "sketch = true" not in plan, plan
+    chosen, trained = torch.jit.load(str(initial)), torch.jit.load(str(out))
+    assert set(dict(chosen.named_parameters())) == set(dict(trained.named_parameters()))
+    with torch.no_grad():
+        logits = trained(torch.randn(3, 1, 28, 28))
+    assert logits.shape == (3, 10) and torch.isfinite(logits).all()
+    again = subprocess.run([BINARY, "train", "--config", str(tmp_path / "patches-sketched.plan.toml"), "--data",
+                            str(data), "--max-steps", "1", "--progress", "none"], capture_output=True, text=True,
+                           timeout=900)
+    assert again.returncode == 0, again.stderr

@@ -232,6 +232,56 @@ TEST(RandMultiHeadAttention, Bfloat16StaysWithinItsPrecisionOfTheDouble) {
   }
 }
 
+// nn.MultiheadAttention's call (sequence first, its masks) on the layer's tensors: the layer's own
+// forward on the batch-first input and the mask it stands for; inputs left as they were.
+TEST(RandMultiHeadAttention, MhasCallComputesTheLayersForwardOnItsLayoutAndMasks) {
+  torch::manual_seed(6);
+  RandMultiHeadAttention layer = double_layer({3, 9, 9, 8, 2, 8}, FeatureKernel::softmax, false, true);
+  const torch::Tensor x = torch::randn({9, 3, 8}, torch::kDouble);  // [L, N, E]
+  const torch::Tensor x_before = x.clone();
+  auto call = [&](const c10::optional<torch::Tensor>& padding, const c10::optional<torch::Tensor>& attn_mask,
+                  const torch::Tensor& input) {
+    return rand_multihead_attention_with_mha_masks(input, input, input, padding, attn_mask, /*batch_first=*/false,
+                                                   layer->Wq, layer->Wk, layer->Wv, layer->W0, layer->bq, layer->bk,
+                                                   layer->bv, layer->b0, layer->projection_matrix, 2,
+                                                   FeatureKernel::softmax, 0.0, false);
+  };
+  torch::NoGradGuard no_grad;
+  const torch::Tensor batch_first = x.transpose(0, 1);
+  EXPECT_TRUE(torch::equal(call({}, {}, x), layer(batch_first, batch_first, batch_first).transpose(0, 1)));
+  // generate_square_subsequent_mask's float mask, and the bool one, make the call causal.
+  const torch::Tensor later = torch::ones({9, 9}, torch::kBool).triu(1);
+  const torch::Tensor causal_out =
+      rand_multihead_attention(batch_first, batch_first, batch_first, layer->Wq, layer->Wk, layer->Wv, layer->W0,
+                               layer->bq, layer->bk, layer->bv, layer->b0, layer->projection_matrix, 2,
+                               FeatureKernel::softmax, /*causal=*/true, 0.0, false)
+          .transpose(0, 1);
+  EXPECT_TRUE(torch::equal(call({}, later, x), causal_out));
+  EXPECT_TRUE(torch::equal(call({}, torch::zeros({9, 9}, torch::kDouble).masked_fill(later, -INFINITY), x), causal_out));
+  // key_padding_mask (true = ignored) is the layer's mask keeping the other keys; per head alike.
+  torch::Tensor padding = torch::zeros({3, 9}, torch::kBool);
+  padding[1].narrow(0, 6, 3).fill_(true);
+  const torch::Tensor allowed = padding.logical_not().unsqueeze(1).expand({3, 9, 9});
+  const torch::Tensor padded = layer(batch_first, batch_first, batch_first, allowed).transpose(0, 1);
+  EXPECT_TRUE(torch::equal(call(padding, {}, x), padded));
+  const torch::Tensor per_head = allowed.logical_not().repeat_interleave(2, 0);  // [N * heads, L, S]
+  EXPECT_TRUE(torch::equal(call({}, per_head, x), padded));
+  // Unbatched: one sequence [L, E] (its GEMMs of other sizes may round otherwise).
+  EXPECT_LE(reference::relative_error(call({}, {}, x.select(1, 0)), call({}, {}, x).select(1, 0)), 1e-12);
+  EXPECT_TRUE(torch::equal(x, x_before));
+
+  auto message = [&](const c10::optional<torch::Tensor>& padding_mask, const c10::optional<torch::Tensor>& attn_mask) {
+    return testing::error_message<UsageError>([&] { call(padding_mask, attn_mask, x); });
+  };
+  EXPECT_TRUE(testing::Contains(message(torch::full({3, 9}, -2.0, torch::kDouble), {}),
+                                "key_padding_mask: holds values other than 0 and -inf"));
+  torch::Tensor differs = per_head.clone();
+  differs[0][0][0] = true;
+  EXPECT_TRUE(testing::Contains(message({}, differs), "attn_mask: differs between heads"));
+  EXPECT_TRUE(testing::Contains(message({}, torch::zeros({4, 9}, torch::kBool)), "attn_mask: expected [9, 9] or [6, 9, 9]"));
+  EXPECT_TRUE(testing::Contains(message(torch::zeros({3, 8}, torch::kBool), {}), "key_padding_mask: expected [3, 9]"));
+}
+
 TEST(RandMultiHeadAttention, ErrorsNameTheArgument) {
   EXPECT_TRUE(testing::Contains(testing::error_message<UsageError>([&] { RandMultiHeadAttention(RandMultiHeadAttentionOptions(10, 3, 8)); }), "num_heads"));
   EXPECT_TRUE(testing::Contains(testing::error_message<UsageError>([&] { RandMultiHeadAttention(RandMultiHeadAttentionOptions(8, 2, 0)); }),

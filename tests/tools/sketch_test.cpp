@@ -223,12 +223,12 @@ TEST_F(CliSketch, TuneBadInputGetsOneErrorLine) {
                          {"--max-accuracy-drop: give it or --target-accuracy, not both"}));
   auto file_model = tune_args(dir_.path(), out, "0.5");
   file_model[3] = (dir_ / "mine.pt").string();
-  EXPECT_TRUE(fails_with(run_cli(file_model), 2, {"--model", "sketch --tune trains zoo models"}));
+  EXPECT_TRUE(fails_with(run_cli(file_model), 1, {(dir_ / "mine.pt").string(), "no such model file"}));
   EXPECT_TRUE(fails_with(run_cli(tune_args(dir_.path(), dir_ / "absent" / "out.pt", "0.5")), 1,
                          {"out.pt (-o): its directory does not exist"}));
   auto positional = tune_args(dir_.path(), out, "0.5");
   positional.push_back((dir_ / "mlp.pt").string());
-  EXPECT_TRUE(fails_with(run_cli(positional), 2, {"sketch --tune", "takes the model as --model"}));
+  EXPECT_TRUE(fails_with(run_cli(positional), 2, {"sketch --tune", "takes the model as --model (a zoo model or a file)"}));
   EXPECT_TRUE(fails_with(run_cli({"sketch", (dir_ / "mlp.pt").string(), "-o", out.string(), "--rank", "4", "--epochs",
                                   "2"}),
                          2, {"--epochs: is a training option: it applies to sketch --tune only"}));

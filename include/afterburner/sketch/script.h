@@ -31,9 +31,10 @@ torch::jit::Module script_layer(const SKConv2dImpl& layer, const std::shared_ptr
 // costs less; and, given config.attention_features(), every scripted nn.MultiheadAttention
 // (alone, in nn.TransformerEncoderLayer, torchvision's ViT) by random-feature attention holding
 // its weights as Wq, Wk, Wv, W0 (and biases), called as MHA is (rand_multihead_attention_with_mha_masks:
-// its layout and masks; a causal attn_mask makes it causal) and returning (out, None), so that
-// TransformerEncoderLayer's and TransformerEncoder's evaluation fast paths are removed. Those
-// layers call afterburner's ops: Python loads the file after `import afterburner`.
+// its layout and masks; a causal attn_mask makes it causal) and returning (out, None). Those
+// layers call afterburner's ops: Python loads the file after `import afterburner`. Where a layer
+// is replaced, nn.TransformerEncoderLayer's and TransformerEncoder's evaluation fast paths (which
+// read their layers' weights) are removed: the path they train with computes the same function.
 // Layers that cannot be replaced are reported with the reason and left as they are: a grouped,
 // dilated or transposed convolution, a traced attention, a layer whose module is used other than
 // by calling it, an attention whose caller reads its weights, a layer sharing its TorchScript

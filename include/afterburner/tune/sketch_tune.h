@@ -1,9 +1,11 @@
-// Which sketched layers make a zoo model fastest at inference while it stays accurate enough:
-// `afterburner sketch --tune`. Every plan (L terms of rank k in each Linear and Conv2d whose
-// sketch costs less) is first measured where it will run (frozen for inference, at a batch size),
-// then plans are trained with the user's recipe, fastest first, in a binary search for the
-// fastest one whose accuracy on a validation split held out of the training set reaches the
-// target. Speed decides by measurement, not by FLOPs; training decides accuracy.
+// Which sketched layers make a model fastest at inference while it stays accurate enough:
+// `afterburner sketch --tune`. The model is a zoo model or a TorchScript file (as `train --model`
+// takes them). Every plan (L terms of rank k in each Linear and Conv2d whose sketch costs less;
+// for files also m random features in place of each nn.MultiheadAttention) is first measured
+// where it will run (frozen for inference, at a batch size), then plans are trained with the
+// user's recipe, fastest first, in a binary search for the fastest one whose accuracy on a
+// validation split held out of the training set reaches the target. Speed decides by
+// measurement, not by FLOPs; training decides accuracy.
 //
 //   afterburner::train::TrainConfig recipe;   // the user's training options
 //   recipe.model = "mlp";
@@ -38,6 +40,9 @@ struct SketchTuneOptions {
   TORCH_ARG(double, time_budget) = 600;
   TORCH_ARG(std::vector<int64_t>, terms) = std::vector<int64_t>{1, 2};               // L
   TORCH_ARG(std::vector<int64_t>, ranks) = std::vector<int64_t>{8, 16, 32, 64, 128, 256};  // k
+  // m, for files holding nn.MultiheadAttention: each plan with exact attention and with each m
+  // (and attention alone, its Linear layers kept).
+  TORCH_ARG(std::vector<int64_t>, attention_features) = std::vector<int64_t>{32, 64, 128};
   TORCH_ARG(int64_t, batch_size) = 64;        // the inference batch speeds are measured at
   TORCH_ARG(double, measure_seconds) = 0.5;   // per model and speed measurement
   TORCH_ARG(std::function<void(const std::string&)>, log) = nullptr;  // a line per finished step
@@ -47,7 +52,8 @@ struct SketchTuneOptions {
 };
 
 struct SketchPlan {
-  int64_t terms = 0, rank = 0;          // 0, 0: the dense model
+  int64_t terms = 0, rank = 0;          // rank 0: Linear and Conv2d kept (0, 0, 0: the dense model)
+  int64_t attention_features = 0;       // m; 0: attention kept exact
   std::vector<std::string> layers;      // sketch::describe of each layer: replaced or kept, and why
   int64_t parameters = 0;               // trainable
   double samples_per_sec = 0;           // frozen for inference, at the options' batch size
@@ -56,6 +62,7 @@ struct SketchPlan {
   double lr = 0;                        // it trained at: the recipe's, or lower where that diverged
   double train_seconds = 0;
   std::string verdict;                  // "chosen", "below the target", "not trained: ...", ...
+  bool dense() const { return rank == 0 && attention_features == 0; }
 };
 
 struct SketchTuneResult {
@@ -68,10 +75,12 @@ struct SketchTuneResult {
   std::optional<std::size_t> chosen;    // index into plans
   bool interrupted = false;             // the search was stopped; chosen is then the fastest trained plan that reached the target
   std::optional<torch::jit::Module> chosen_model;  // trained, as `train --export` writes it
+  // A file's chosen plan before training: the model its plan TOML trains (written beside it).
+  std::optional<torch::jit::Module> chosen_initial_model;
   std::vector<std::string> notes;
 };
 
-// Throws UsageError for a recipe that is not a zoo model or sketches already, for a target
+// Throws UsageError for a recipe that sketches already, for a target
 // outside (0, 1] or a drop outside [0, 1) (or both or neither given); the data's errors as
 // training reports them.
 SketchTuneResult tune_sketch(const train::TrainConfig& recipe, const SketchTuneOptions& options);
@@ -80,10 +89,16 @@ SketchTuneResult tune_sketch(const train::TrainConfig& recipe, const SketchTuneO
 std::string format_sketch_table(const SketchTuneResult& result);
 
 // The chosen plan's model (TorchScript), the plan as TOML (the recipe with the sketch, for
-// `afterburner train --config`, its figures in comments) and the accuracy/speed frontier as SVG. Throws Error when no plan was
-// chosen, or naming a file it cannot write.
+// `afterburner train --config`, its figures in comments) and the accuracy/speed frontier as SVG;
+// for a file, also its sketched model before training beside the plan (initial_model_path), which
+// the TOML names as its model. Throws Error when no plan was chosen, or naming a file it cannot
+// write.
 void write_sketch_outputs(const SketchTuneResult& result, const std::string& model_path, const std::string& plan_path,
                           const std::string& frontier_path);
+
+// "mlp-sketched.plan.toml" -> "mlp-sketched.plan.initial.pt": where a file's plan keeps its
+// model before training.
+std::string initial_model_path(const std::string& plan_path);
 
 // "no sketched plan of mlp reaches 0.95 on the validation split: the most accurate trained,
 // L 1 k 256, reached 0.884 (dense 0.889)": the one line of a search that found nothing.
