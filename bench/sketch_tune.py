@@ -4,7 +4,9 @@ model trained with the same recipe, both run by Python PyTorch, alternating: Fas
 accuracy, and samples/s at batch 64 and 1 (median, min and max of --reps rounds). Each model runs
 in the best of PyTorch's three ways for inference at each batch size (as loaded, torch.jit.freeze,
 freeze + optimize_for_inference: which is best differs by model and batch), chosen by a first
-measurement and printed.
+measurement and printed. Every timing runs in a process of its own (the two models alternate
+between processes): timed in one process, a dense model ran at half its speed after the sketched
+one had run.
 
 --model is a zoo model (default mlp) or `patches`: a TorchScript file this script writes, Fashion-MNIST
 as 196 tokens of 2x2 pixels through one nn.TransformerEncoder layer (embed 32, 2 heads), whose
@@ -17,6 +19,7 @@ import argparse
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -64,7 +67,13 @@ def main():
     parser.add_argument("--max-accuracy-drop", default="0.01")
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--recipe", default="", help="training options for both runs, e.g. '--epochs 1'")
+    parser.add_argument("--time", help=argparse.SUPPRESS)  # internal: time one model in this process
+    parser.add_argument("--way", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--calls", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.time:
+        return time_one(args)
     torch.set_num_threads(2)
     work = tempfile.mkdtemp()
     model = args.model
@@ -82,36 +91,54 @@ def main():
     subprocess.run([args.cli, "train", "--model", model, "--progress", "none", *recipe, "--export", dense], check=True,
                    capture_output=True)
     images, labels = test_set()
-    ways = {}
     with torch.no_grad():
         for name, path in (("dense", dense), ("sketched", sketched)):
-            loaded = torch.jit.load(path).eval()
-            accuracy = (loaded(images).argmax(1) == labels).float().mean().item()
+            accuracy = (torch.jit.load(path).eval()(images).argmax(1) == labels).float().mean().item()
             print(f"{name}: test accuracy {accuracy:.4f}")
-            ways[name] = {"as loaded": loaded, "frozen": torch.jit.freeze(torch.jit.load(path).eval()),
-                          "frozen + optimize_for_inference":
-                              torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.load(path).eval()))}
-        for batch_size, calls in ((64, 200), (1, 2000)):
-            batch = images[:batch_size]
-            models = {}
-            for name, candidates in ways.items():
-                speed = {}
-                for way, model in candidates.items():
-                    per_call_seconds(model, batch, calls // 10)
-                    speed[way] = min(per_call_seconds(model, batch, calls // 4) for _ in range(3))
-                best = min(speed, key=speed.get)
-                print(f"batch {batch_size:3d} {name:9s} runs {best} (" +
-                      ", ".join(f"{way} {batch_size / t:.0f}" for way, t in speed.items()) + " samples/s)")
-                models[name] = candidates[best]
-            times = {name: [] for name in models}
-            for _ in range(args.reps):
-                for name, model in models.items():
-                    times[name].append(batch_size / per_call_seconds(model, batch, calls))
-            dense_median = statistics.median(times["dense"])
-            for name, values in times.items():
-                median = statistics.median(values)
-                print(f"batch {batch_size:3d} {name:9s} {median:10.0f} samples/s [{min(values):.0f}-{max(values):.0f}]"
-                      f"  {median / dense_median:5.2f}x dense")
+    files = {"dense": dense, "sketched": sketched}
+    for batch_size, calls in ((64, 200), (1, 2000)):
+        ways = {}
+        for name, path in files.items():
+            speed = {way: samples_per_second_in_a_process(path, way, batch_size, calls // 4) for way in WAYS}
+            ways[name] = max(speed, key=speed.get)
+            print(f"batch {batch_size:3d} {name:9s} runs {ways[name]} (" +
+                  ", ".join(f"{way} {rate:.0f}" for way, rate in speed.items()) + " samples/s)", flush=True)
+        rates = {name: [] for name in files}
+        for _ in range(args.reps):
+            for name, path in files.items():
+                rates[name].append(samples_per_second_in_a_process(path, ways[name], batch_size, calls))
+        dense_median = statistics.median(rates["dense"])
+        for name, values in rates.items():
+            median = statistics.median(values)
+            print(f"batch {batch_size:3d} {name:9s} {median:10.0f} samples/s [{min(values):.0f}-{max(values):.0f}]"
+                  f"  {median / dense_median:5.2f}x dense", flush=True)
+
+
+WAYS = ("as loaded", "frozen", "frozen + optimize_for_inference")
+
+
+def load_for_inference(path, way):
+    model = torch.jit.load(path).eval()
+    if way == "as loaded":
+        return model
+    frozen = torch.jit.freeze(model)
+    return frozen if way == "frozen" else torch.jit.optimize_for_inference(frozen)
+
+
+def samples_per_second_in_a_process(path, way, batch_size, calls):
+    """This script run again as `--time`: a fresh process, 2 threads, calls // 10 warm-up calls."""
+    done = subprocess.run([sys.executable, __file__, "--time", path, "--way", way, "--batch", str(batch_size),
+                           "--calls", str(calls)], capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
+def time_one(args):
+    torch.set_num_threads(2)
+    model = load_for_inference(args.time, args.way)
+    batch = test_set()[0][:args.batch]
+    with torch.no_grad():
+        per_call_seconds(model, batch, args.calls // 10)
+        print(args.batch / per_call_seconds(model, batch, args.calls))
 
 
 if __name__ == "__main__":
