@@ -26,7 +26,7 @@ struct SketchArgs {
   int64_t terms = 1;
   int64_t rank = 0;
   double budget = 0;
-  int64_t attention_features = 0;
+  std::vector<int64_t> attention_features;  // one m, or with --tune the m searched
   std::string attention_kernel = "softmax";
   bool tune = false;
   double time_budget = 600;
@@ -55,16 +55,17 @@ int run_tune(const SketchArgs& args, const train::TrainConfig& recipe) {
     check_writable(path, flag);
   }
   train::StopOnInterrupt stop_on_ctrl_c;  // ends the training in progress; what was trained is kept
-  const auto result = tune::tune_sketch(recipe, tune::SketchTuneOptions()
-                                                    .target_accuracy(recipe.target_accuracy)
-                                                    .max_accuracy_drop(args.max_accuracy_drop)
-                                                    .time_budget(args.time_budget)
-                                                    .batch_size(args.inference_batch)
-                                                    .measure_seconds(args.measure_seconds)
-                                                    .stop(&train::interrupt_requested())
-                                                    .log([](const std::string& line) {
-                                                      std::cout << "sketch --tune: " << line << std::endl;
-                                                    }));
+  tune::SketchTuneOptions options;
+  options.target_accuracy(recipe.target_accuracy)
+      .max_accuracy_drop(args.max_accuracy_drop)
+      .time_budget(args.time_budget)
+      .batch_size(args.inference_batch)
+      .measure_seconds(args.measure_seconds)
+      .attention_kernel(sketch::parse_feature_kernel(args.attention_kernel))
+      .stop(&train::interrupt_requested())
+      .log([](const std::string& line) { std::cout << "sketch --tune: " << line << std::endl; });
+  if (!args.attention_features.empty()) options.attention_features(args.attention_features);
+  const auto result = tune::tune_sketch(recipe, options);
   std::cout << tune::format_sketch_table(result);
   if (!result.chosen) {
     if (result.interrupted) {
@@ -80,11 +81,14 @@ int run_tune(const SketchArgs& args, const train::TrainConfig& recipe) {
 
 int run_sketch(const SketchArgs& args) {
   if (args.input.empty()) throw UsageError("sketch", "needs the TorchScript model to sketch (or --tune --model NAME)");
+  if (args.attention_features.size() > 1) {
+    throw UsageError("--attention-features", "takes one number of features (a list with --tune only)");
+  }
   const auto config = sketch::SketchConfig()
                           .terms(args.terms)
                           .rank(args.rank)
                           .budget(args.budget)
-                          .attention_features(args.attention_features)
+                          .attention_features(args.attention_features.empty() ? 0 : args.attention_features[0])
                           .attention_kernel(sketch::parse_feature_kernel(args.attention_kernel));
   sketch::check_config(config);
   torch::jit::Module model = infer::load_model(args.input);
@@ -121,7 +125,9 @@ Command add_sketch_command(CLI::App& app) {
   rank->excludes(budget);
   auto* features = sub->add_option("--attention-features", args->attention_features,
                                    "random features per head (m) in place of each nn.MultiheadAttention's softmax "
-                                   "(Performer's FAVOR+, the same weights); without it attention stays exact")
+                                   "(Performer's FAVOR+, the same weights); without it attention stays exact; with "
+                                   "--tune, the m searched, comma-separated (default 32,64,128)")
+                       ->delimiter(',')
                        ->check(CLI::PositiveNumber);
   sub->add_option("--attention-kernel", args->attention_kernel, "--attention-features: the feature map")
       ->check(CLI::IsMember({"softmax", "relu"}))
@@ -133,7 +139,7 @@ Command add_sketch_command(CLI::App& app) {
                              "train sketched plans of a model (--model: a zoo model or a TorchScript file, whose "
                              "attention is searched too) and write the fastest at inference whose validation "
                              "accuracy reaches --target-accuracy, its plan (TOML) and its frontier (SVG)");
-  tune->excludes(rank)->excludes(budget)->excludes(features);
+  tune->excludes(rank)->excludes(budget);
   sub->add_option("--time-budget", args->time_budget, "--tune: seconds for all its training runs, roughly")
       ->capture_default_str()
       ->needs(tune);

@@ -68,8 +68,12 @@ std::string plan_file_stem(const SketchPlan& plan) {
 }
 
 // The plan's sketch of a TorchScript file.
-sketch::SketchConfig file_sketch(const SketchPlan& plan) {
-  return sketch::SketchConfig().terms(std::max<int64_t>(plan.terms, 1)).rank(plan.rank).attention_features(plan.attention_features);
+sketch::SketchConfig file_sketch(const SketchPlan& plan, sketch::FeatureKernel kernel) {
+  return sketch::SketchConfig()
+      .terms(std::max<int64_t>(plan.terms, 1))
+      .rank(plan.rank)
+      .attention_features(plan.attention_features)
+      .attention_kernel(kernel);
 }
 
 // How many layers of each kind the report replaced: {Linear and Conv2d, attention}.
@@ -185,7 +189,7 @@ class SketchSearch {
   torch::jit::Module file_model(SketchPlan& plan) {
     torch::jit::Module model = infer::load_model(recipe_.model);
     if (plan.dense()) return model;
-    describe_layers(sketch::sketch_script(model, file_sketch(plan)), plan);
+    describe_layers(sketch::sketch_script(model, file_sketch(plan, options_.attention_kernel())), plan);
     const std::string initial = scratch_.file("initial-" + plan_file_stem(plan) + ".pt");
     infer::save_model(model, initial);
     initial_files_[plan_name(plan)] = initial;
@@ -197,7 +201,7 @@ class SketchSearch {
     int64_t layers = 0, attention = 0;
     if (file_) {
       torch::jit::Module model = infer::load_model(recipe_.model);
-      std::tie(layers, attention) = replaced_by_kind(sketch::sketch_script(model, file_sketch(plan)));
+      std::tie(layers, attention) = replaced_by_kind(sketch::sketch_script(model, file_sketch(plan, options_.attention_kernel())));
     } else {
       const auto options = models::ModelOptions()
                                .in_channels(data_.channels)

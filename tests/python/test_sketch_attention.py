@@ -356,12 +356,13 @@ def test_tune_searches_a_files_attention_and_writes_a_plan_train_takes(tmp_path)
     out = tmp_path / "patches-sketched.pt"
     done = subprocess.run([BINARY, "sketch", "--tune", "--model", str(tmp_path / "patches.pt"), "--data", str(data),
                            "--epochs", "1", "--max-steps", "20", "--threads", "2", "--max-accuracy-drop", "0.9",
-                           "--measure-seconds", "0.05", "-o", str(out)], capture_output=True, text=True, timeout=900)
+                           "--measure-seconds", "0.05", "--attention-features", "16,32", "--attention-kernel", "relu",
+                           "-o", str(out)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = done.stdout[done.stdout.index("\ndense"):].strip().splitlines()
     assert "chosen" in rows[1], done.stdout  # every plan reaches a target 0.9 below dense: the fastest wins
     names = [row[:16].strip() for row in rows[1:] if not row.startswith("note")]
-    assert {"m 32", "m 64", "m 128"} <= set(names), done.stdout  # attention alone, each m
+    assert {"m 16", "m 32"} <= set(names) and "m 64" not in names, done.stdout  # attention alone, each m asked for
     assert any(name.startswith("L ") and " m " in name for name in names), done.stdout  # and with the Linear layers
 
     plan = (tmp_path / "patches-sketched.plan.toml").read_text()
@@ -369,6 +370,9 @@ def test_tune_searches_a_files_attention_and_writes_a_plan_train_takes(tmp_path)
     assert f"model = '{initial}'" in plan and "sketch = true" not in plan, plan
     chosen, trained = torch.jit.load(str(initial)), torch.jit.load(str(out))
     assert set(dict(chosen.named_parameters())) == set(dict(trained.named_parameters()))
+    if " m " in f" {rows[1][:16]} ":  # the chosen plan replaced the attention, as asked
+        attention = getattr(trained.encoder.layers, "0").self_attn
+        assert attention.kernel_fn == "relu" and attention.projection_matrix.shape[0] in (16, 32)
     with torch.no_grad():
         logits = trained(torch.randn(3, 1, 28, 28))
     assert logits.shape == (3, 10) and torch.isfinite(logits).all()

@@ -119,7 +119,7 @@ TEST_F(CliSketch, BadInputGetsOneErrorLineAndWritesNothing) {
                           "sketch before optimizing"}));
   // Attention's options: a positive number of features, a known kernel, and the kernel only with them.
   for (const std::vector<std::string>& attention : std::vector<std::vector<std::string>>{
-           {"--attention-features", "0"}, {"--attention-kernel", "relu"},
+           {"--attention-features", "0"}, {"--attention-kernel", "relu"}, {"--attention-features", "8,16"},
            {"--attention-features", "8", "--attention-kernel", "cosine"}}) {
     std::vector<std::string> args{"sketch", dense.string(), "-o", out.string()};
     args.insert(args.end(), attention.begin(), attention.end());

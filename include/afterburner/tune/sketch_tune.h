@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "afterburner/sketch/feature_kernel.h"
 #include "afterburner/train/config.h"
 
 namespace afterburner::tune {
@@ -43,6 +44,7 @@ struct SketchTuneOptions {
   // m, for files holding nn.MultiheadAttention: each plan with exact attention and with each m
   // (and attention alone, its Linear layers kept).
   TORCH_ARG(std::vector<int64_t>, attention_features) = std::vector<int64_t>{32, 64, 128};
+  TORCH_ARG(sketch::FeatureKernel, attention_kernel) = sketch::FeatureKernel::softmax;
   TORCH_ARG(int64_t, batch_size) = 64;        // the inference batch speeds are measured at
   TORCH_ARG(double, measure_seconds) = 0.5;   // per model and speed measurement
   TORCH_ARG(std::function<void(const std::string&)>, log) = nullptr;  // a line per finished step
