@@ -121,6 +121,20 @@ class Encoder(nn.Module):
         return self.head(self.encoder(x, src_key_padding_mask=padding).mean(1))
 
 
+class RowsAttention(nn.Module):
+    """The image's 28 rows as tokens through one nn.MultiheadAttention: too short a sequence for
+    random features to pay, and no Linear layer whose sketch would cost less."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(28, 4, batch_first=True)
+        self.head = nn.Linear(28, 10)
+
+    def forward(self, x):
+        rows = x.squeeze(1)
+        return self.head(self.attn(rows, rows, rows, need_weights=False)[0].mean(1))
+
+
 class ReadsTheWeights(nn.Module):
     def __init__(self):
         super().__init__()
@@ -380,3 +394,21 @@ def test_tune_searches_a_files_attention_and_writes_a_plan_train_takes(tmp_path)
                             str(data), "--max-steps", "1", "--progress", "none"], capture_output=True, text=True,
                            timeout=900)
     assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs the dataset")
+def test_tune_says_in_one_line_when_no_plan_is_faster_and_writes_nothing(tmp_path):
+    torch.manual_seed(9)
+    torch.jit.script(RowsAttention()).save(str(tmp_path / "rows.pt"))
+    data = tmp_path / "data"
+    fashion_mnist_subset(data, 500, 100)
+    done = subprocess.run([BINARY, "sketch", "--tune", "--model", str(tmp_path / "rows.pt"), "--data", str(data),
+                           "--epochs", "1", "--max-steps", "10", "--threads", "2", "--max-accuracy-drop", "0.5",
+                           "--measure-seconds", "0.05", "--attention-features", "256", "-o", str(tmp_path / "out.pt")],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "m 256" in done.stdout and "not trained: not faster than dense" in done.stdout, done.stdout
+    errors = done.stderr.strip().splitlines()
+    assert errors[-1].startswith("afterburner: ") and errors[-1].endswith("; nothing written"), done.stderr
+    assert "none was trained, none is faster than the dense model at batch 64" in errors[-1], done.stderr
+    assert not any(tmp_path.glob("out*")), list(tmp_path.glob("out*"))
