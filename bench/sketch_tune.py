@@ -31,7 +31,7 @@ from pytorch_train import DEFAULT_DATA_DIR, MEAN, STD, load_split
 
 
 class Patches(nn.Module):
-    """Fashion-MNIST as 196 tokens of 2x2 pixels through one encoder layer (also tests/python's)."""
+    """Fashion-MNIST as 196 tokens of 2x2 pixels through one encoder layer."""
 
     def __init__(self):
         super().__init__()
