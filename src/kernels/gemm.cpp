@@ -33,16 +33,19 @@ bool fp32_matrix(const torch::Tensor& t) {
          !t.is_conj() && !t.is_neg();
 }
 
-// Whether oneDNN can compute a [M, K] times b [K, N]; anything else (and every error message)
-// is at::mm's.
+// Whether oneDNN can compute a [M, K] times b [K, N] (operands it cannot read in place, such as
+// a sum's expanded gradient, as contiguous copies); anything else (and every error message) is
+// at::mm's.
 bool onednn_suits(const torch::Tensor& a, const torch::Tensor& b) {
-  return fp32_matrix(a) && fp32_matrix(b) && a.size(1) == b.size(0) && a.numel() > 0 && b.numel() > 0 &&
-         as_operand(a) && as_operand(b);
+  return fp32_matrix(a) && fp32_matrix(b) && a.size(1) == b.size(0) && a.numel() > 0 && b.numel() > 0;
 }
 
 // c [M, N] (contiguous) = a b + beta c.
 void onednn_gemm(const torch::Tensor& a, const torch::Tensor& b, float beta, torch::Tensor& c) {
-  const Operand lhs = *as_operand(a), rhs = *as_operand(b);
+  // A copy with the strides of a fresh tensor: contiguous() hands back a [1, 1] view of any strides.
+  auto readable = [](const torch::Tensor& t) { return as_operand(t) ? t : t.clone(at::MemoryFormat::Contiguous); };
+  const torch::Tensor a_read = readable(a), b_read = readable(b);
+  const Operand lhs = *as_operand(a_read), rhs = *as_operand(b_read);
   const dnnl_status_t status =
       dnnl_sgemm(lhs.transpose, rhs.transpose, a.size(0), b.size(1), a.size(1), 1.0f, lhs.data, lhs.leading_dimension,
                  rhs.data, rhs.leading_dimension, beta, c.data_ptr<float>(), c.size(1));
@@ -101,6 +104,17 @@ torch::Tensor mm(const torch::Tensor& a, const torch::Tensor& b) {
   if (!onednn_suits(a, b) || autograd_records({a, b})) return at::mm(a, b);
   torch::Tensor c = at::empty({a.size(0), b.size(1)}, a.options());
   onednn_gemm(a, b, 0.0f, c);
+  return c;
+}
+
+torch::Tensor bmm(const torch::Tensor& a, const torch::Tensor& b) {
+  const bool batches_suit = a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(0) > 0;
+  if (!batches_suit || !onednn_suits(a[0], b[0]) || autograd_records({a, b})) return at::bmm(a, b);
+  torch::Tensor c = at::empty({a.size(0), a.size(1), b.size(2)}, a.options());
+  for (int64_t i = 0; i < a.size(0); ++i) {
+    torch::Tensor product = c[i];
+    onednn_gemm(a[i], b[i], 0.0f, product);
+  }
   return c;
 }
 

@@ -9,6 +9,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/core/random.h"
+#include "afterburner/kernels/favor.h"
 #include "afterburner/kernels/linear_relu.h"
 #include "signs.h"
 
@@ -21,30 +22,14 @@ using detail::shape;
 // state per block are all that is kept, linear in L for a fixed C.
 constexpr int64_t kCausalBlock = 128;
 
-// Added to every feature, as Panther (and Performer) do, so that no denominator is exactly 0.
-constexpr double kFeatureStabilizer = 1e-5;
-
-// exp(x^ P^T - |x^|^2 / 2 - s) + 1e-5 for x [..., L, d], x^ = x d^-1/4: Panther's softmax features
-// without their factor m^-1/2, which cancels between the numerator and the normaliser.
-torch::Tensor unscaled_softmax_features(const torch::Tensor& x, const torch::Tensor& projection, bool is_query) {
-  const double scale = std::pow(static_cast<double>(x.size(-1)), -0.25);
-  const torch::Tensor dash = kernels::linear(x, projection * scale, {});  // x^ P^T, [..., L, m]
-  const torch::Tensor half_norm = x.square().sum(-1, /*keepdim=*/true) * (scale * scale / 2);
-  torch::Tensor stabilizer = dash.amax(-1, /*keepdim=*/true);
-  if (!is_query) stabilizer = stabilizer.amax(-2, /*keepdim=*/true);  // one per batch and head
-  return torch::exp(dash - (half_norm + stabilizer)) + kFeatureStabilizer;
-}
-
-torch::Tensor relu_features(const torch::Tensor& x, const torch::Tensor& projection) {
-  const double ratio = 1.0 / std::sqrt(static_cast<double>(projection.size(0)));
-  return torch::relu(kernels::linear(x, projection * ratio, {})) + kFeatureStabilizer;
-}
-
-// The features attention uses: for softmax up to the factor that cancels.
+// The features attention uses: for softmax up to the factor m^-1/2, which cancels.
 torch::Tensor attention_features(const torch::Tensor& x, const torch::Tensor& projection, FeatureKernel kernel,
                                  bool is_query) {
-  return kernel == FeatureKernel::softmax ? unscaled_softmax_features(x, projection, is_query)
-                                          : relu_features(x, projection);
+  using kernels::FavorFeatureMap;
+  const FavorFeatureMap map = kernel == FeatureKernel::relu ? FavorFeatureMap::relu
+                              : is_query                    ? FavorFeatureMap::softmax_query
+                                                            : FavorFeatureMap::softmax_key;
+  return kernels::favor_features(x, projection, map);
 }
 
 // [B, H, L, m] query and key features against values [B, H, L, n] (L = S), causal: row i of the
@@ -278,18 +263,17 @@ torch::Tensor favor_attention(const torch::Tensor& q, const torch::Tensor& k, co
   const torch::Tensor kf = kept(attention_features(heads_first(k), p, kernel, false), key_keep);  // [B, H, S, m]
   torch::Tensor values = heads_first(v);  // [B, H, S, dv]
   if (key_factors) values = values * key_factors->to(compute).transpose(1, 2).unsqueeze(-1);
-  torch::Tensor numerator, normaliser;
+  torch::Tensor attended;
   if (causal) {
     const torch::Tensor ones = torch::ones({batch, heads, keys, 1}, values.options());
     const torch::Tensor products = causal_products(qf, kf, torch::cat({values, ones}, -1));
-    numerator = products.narrow(-1, 0, value_dim);
-    normaliser = products.narrow(-1, value_dim, 1);
+    torch::Tensor normaliser = products.narrow(-1, value_dim, 1);
+    if (query_keep || key_keep) normaliser = normaliser.masked_fill(normaliser == 0, 1);
+    attended = products.narrow(-1, 0, value_dim) / normaliser;
   } else {
-    numerator = torch::matmul(qf, torch::matmul(kf.transpose(-2, -1), values));
-    normaliser = torch::matmul(qf, kf.sum(-2).unsqueeze(-1));  // [B, H, L, 1]
+    attended = kernels::favor_contraction(qf, kf, values);
   }
-  if (query_keep || key_keep) normaliser = normaliser.masked_fill(normaliser == 0, 1);
-  return (numerator / normaliser).transpose(1, 2).to(dtype);  // [B, L, H, dv]
+  return attended.transpose(1, 2).to(dtype);  // [B, L, H, dv]
 }
 
 torch::Tensor rand_multihead_attention(const torch::Tensor& query, const torch::Tensor& key,

@@ -26,6 +26,7 @@
 #include "afterburner/kernels/attention.h"
 #include "afterburner/kernels/conv_relu.h"
 #include "afterburner/kernels/cross_entropy.h"
+#include "afterburner/kernels/favor.h"
 #include "afterburner/kernels/conv2d.h"
 #include "afterburner/kernels/flat_optim.h"
 #include "afterburner/kernels/fuse.h"
@@ -83,6 +84,15 @@ OpCase addmm_case() {
             const auto bias = in.random({s[2]}, l, false);
             const auto a = in.random({s[0], s[1]}, l, false), b = in.random({s[1], s[2]}, l, false);
             return Trial{[=] { return kernels::addmm(bias, a, b); }, [=] { return at::addmm(bias, a, b); }};
+          }};
+}
+
+// kernels::bmm: one oneDNN GEMM per matrix for fp32. Shapes {B, M, K, N}.
+OpCase bmm_case() {
+  return {"bmm", {P::fp32, P::bf16, P::fp64}, {{1, 1, 1, 1}, {3, 13, 17, 11}, {2, 4, 1, 3}, {5, 2, 31, 1}},
+          kMatrixLayouts, [](Inputs& in, const Shape& s, Layout l) {
+            const auto a = in.random({s[0], s[1], s[2]}, l, false), b = in.random({s[0], s[2], s[3]}, l, false);
+            return Trial{[=] { return kernels::bmm(a, b); }, [=] { return at::bmm(a, b); }};
           }};
 }
 
@@ -437,6 +447,68 @@ OpCase attention_case() {
   return c;
 }
 
+// Performer's feature maps written out in LibTorch's ops: exp(x^ P^T - |x^|^2 / 2 - s) + 1e-5 with
+// x^ = x d^-1/4, s the row's maximum (queries) or the (batch, head)'s (keys); relu(x P^T m^-1/2) + 1e-5.
+torch::Tensor unfused_favor_features(const torch::Tensor& x, const torch::Tensor& projection,
+                                     kernels::FavorFeatureMap map) {
+  if (map == kernels::FavorFeatureMap::relu) {
+    return torch::relu(torch::matmul(x, projection.t()) / std::sqrt(static_cast<double>(projection.size(0)))) + 1e-5;
+  }
+  const double scale = std::pow(static_cast<double>(x.size(-1)), -0.25);
+  const torch::Tensor dash = torch::matmul(x * scale, projection.t());
+  torch::Tensor stabilizer = dash.amax(-1, true);
+  if (map == kernels::FavorFeatureMap::softmax_key) stabilizer = stabilizer.amax(-2, true);
+  return torch::exp(dash - (x * scale).square().sum(-1, true) / 2 - stabilizer) + 1e-5;
+}
+
+// Shapes {B, H, L, d, m}: across the 16-lane blocks of m and the parallel tasks' 64 rows.
+OpCase favor_features_case(kernels::FavorFeatureMap map, const char* name) {
+  OpCase c{name, {P::fp32, P::fp64}, {{1, 1, 1, 1, 1}, {2, 3, 7, 5, 17}, {1, 2, 67, 8, 32}, {3, 1, 9, 16, 3}},
+           kMatrixLayouts,
+           [map](Inputs& in, const Shape& s, Layout l) {
+             const auto x = in.random({s[0], s[1], s[2], s[3]}, l), projection = in.random({s[4], s[3]}, l);
+             return Trial{[=] { return kernels::favor_features(x, projection, map); },
+                          [=] { return unfused_favor_features(x, projection, map); }};
+           }};
+  c.tolerance = fp32_tolerance({1e-5, 1e-5});
+  return c;
+}
+
+// phi(Q) (phi(K)^T V) / phi(Q) sum_j phi(k_j), 0 where the normaliser is. Shapes {B, H, L, S, m,
+// dv, masked}: features |drawn| + 0.5 (features are positive), masked: query rows 0 and 3 and
+// key rows 1 and 2 set to 0 in every (batch, head), as padding masks do.
+OpCase favor_contraction_case() {
+  OpCase c{"favor_contraction", {P::fp32, P::fp64},
+           {{1, 1, 1, 1, 1, 1, 0}, {2, 3, 7, 5, 17, 8, 0}, {1, 2, 67, 70, 32, 16, 1}, {2, 1, 4, 3, 5, 3, 1}},
+           kMatrixLayouts,
+           [](Inputs& in, const Shape& s, Layout l) {
+             const auto qf = in.random({s[0], s[1], s[2], s[4]}, l), kf = in.random({s[0], s[1], s[3], s[4]}, l),
+                        v = in.random({s[0], s[1], s[3], s[5]}, l);
+             const auto dtype = in.dtype();
+             auto kept = [dtype, masked = s[6] != 0](int64_t rows, std::vector<int64_t> dropped) {
+               torch::Tensor keep = torch::ones({rows, 1}, dtype);
+               for (const int64_t row : dropped) {
+                 if (masked && row < rows) keep[row] = 0;
+               }
+               return keep;
+             };
+             const torch::Tensor query_keep = kept(s[2], {0, 3}), key_keep = kept(s[3], {1, 2});
+             auto features = [=] { return std::make_pair((qf.abs() + 0.5) * query_keep, (kf.abs() + 0.5) * key_keep); };
+             return Trial{[=] {
+                            const auto [q, k] = features();
+                            return kernels::favor_contraction(q, k, v);
+                          },
+                          [=] {
+                            const auto [q, k] = features();
+                            const torch::Tensor normaliser = torch::matmul(q, k.sum(-2).unsqueeze(-1));
+                            return torch::matmul(q, torch::matmul(k.transpose(-2, -1), v)) /
+                                   normaliser.masked_fill(normaliser == 0, 1);
+                          }};
+           }};
+  c.tolerance = fp32_tolerance({1e-5, 1e-5});
+  return c;
+}
+
 // fuse() on a small CNN against the model it rewrites (sharing its parameters): ReLU + MaxPool2d,
 // Conv2d + ReLU and Linear + ReLU all fuse. Shapes {N}, images 8 x 8.
 OpCase fuse_case() {
@@ -465,7 +537,7 @@ TEST_P(KernelContract, HoldsForEveryPrecisionShapeAndLayout) { expect_kernel_con
 // LibTorch 1.13 the double backward of a bf16 conv2d throws a channel-count error of its own
 // (Python's torch too).
 INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
-                         ::testing::Values(mm_case(), addmm_case(), addmm_fused_case(), gemm_with_autograd_case(),
+                         ::testing::Values(mm_case(), bmm_case(), addmm_case(), addmm_fused_case(), gemm_with_autograd_case(),
                                            differentiated_twice(linear_case(true)),
                                            differentiated_twice(linear_case(false)),
                                            differentiated_twice(linear_relu_module_case()),
@@ -480,6 +552,14 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
                                            add_relu_case(), second_order_of(add_relu_case()), add_silu_case(),
                                            second_order_of(add_silu_case()),
                                            attention_case(),
+                                           favor_features_case(kernels::FavorFeatureMap::softmax_query,
+                                                               "favor_features softmax query"),
+                                           favor_features_case(kernels::FavorFeatureMap::softmax_key,
+                                                               "favor_features softmax key"),
+                                           favor_features_case(kernels::FavorFeatureMap::relu, "favor_features relu"),
+                                           second_order_of(favor_features_case(kernels::FavorFeatureMap::softmax_key,
+                                                                               "favor_features softmax key")),
+                                           favor_contraction_case(), second_order_of(favor_contraction_case()),
                                            second_order_of(attention_case(), {{2, 3, 7, 5, 8, 1, 0, 0},
                                                                               {1, 1, 67, 131, 8, 1, 1, 0},
                                                                               {2, 2, 17, 17, 8, 1, 0, 1}})),

@@ -10,6 +10,7 @@
 //   namespace kernels = afterburner::kernels;
 //   torch::Tensor y = kernels::addmm(bias, x, weight.t());   // == at::addmm(bias, x, weight.t())
 //   torch::Tensor grad_weight = kernels::mm(g.t(), x);        // == at::mm(g.t(), x)
+//   torch::Tensor states = kernels::bmm(k.transpose(1, 2), v);  // == at::bmm(k.transpose(1, 2), v)
 //   torch::Tensor h = kernels::addmm_fused(b1, x, w1t, kernels::Epilogue::gelu);  // gelu(addmm(...))
 #pragma once
 
@@ -19,6 +20,9 @@ namespace afterburner::kernels {
 
 // a [M, K] times b [K, N].
 torch::Tensor mm(const torch::Tensor& a, const torch::Tensor& b);
+
+// a [B, M, K] times b [B, K, N]: one GEMM per matrix, into one output.
+torch::Tensor bmm(const torch::Tensor& a, const torch::Tensor& b);
 
 // bias [N] added to every row of a [M, K] times b [K, N].
 torch::Tensor addmm(const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b);
