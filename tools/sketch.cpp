@@ -23,12 +23,14 @@ namespace {
 struct SketchArgs {
   std::string input;
   std::string output;
-  int64_t terms = 1;
-  int64_t rank = 0;
+  std::vector<int64_t> terms;  // L: one, or with --tune the L searched
+  std::vector<int64_t> ranks;  // k: one, or with --tune the k searched
   double budget = 0;
+  std::string layers;          // per-layer sketches, "fc1=2:32,fc2=keep"
   std::vector<int64_t> attention_features;  // one m, or with --tune the m searched
   std::string attention_kernel = "softmax";
   bool tune = false;
+  bool per_layer = true;
   double time_budget = 600;
   int64_t inference_batch = 64;
   double measure_seconds = 0.5;
@@ -65,6 +67,9 @@ int run_tune(const SketchArgs& args, const train::TrainConfig& recipe) {
       .stop(&train::interrupt_requested())
       .log([](const std::string& line) { std::cout << "sketch --tune: " << line << std::endl; });
   if (!args.attention_features.empty()) options.attention_features(args.attention_features);
+  if (!args.terms.empty()) options.terms(args.terms);
+  if (!args.ranks.empty()) options.ranks(args.ranks);
+  options.per_layer(args.per_layer);
   const auto result = tune::tune_sketch(recipe, options);
   std::cout << tune::format_sketch_table(result);
   if (!result.chosen) {
@@ -81,13 +86,15 @@ int run_tune(const SketchArgs& args, const train::TrainConfig& recipe) {
 
 int run_sketch(const SketchArgs& args) {
   if (args.input.empty()) throw UsageError("sketch", "needs the TorchScript model to sketch (or --tune --model NAME)");
-  if (args.attention_features.size() > 1) {
-    throw UsageError("--attention-features", "takes one number of features (a list with --tune only)");
+  for (const auto& [flag, values] : {std::pair{"--attention-features", &args.attention_features},
+                                     {"--terms", &args.terms}, {"--rank", &args.ranks}}) {
+    if (values->size() > 1) throw UsageError(flag, "takes one number (a list with --tune only)");
   }
   const auto config = sketch::SketchConfig()
-                          .terms(args.terms)
-                          .rank(args.rank)
+                          .terms(args.terms.empty() ? 1 : args.terms[0])
+                          .rank(args.ranks.empty() ? 0 : args.ranks[0])
                           .budget(args.budget)
+                          .layers(sketch::parse_layer_sketches(args.layers, "--layers"))
                           .attention_features(args.attention_features.empty() ? 0 : args.attention_features[0])
                           .attention_kernel(sketch::parse_feature_kernel(args.attention_kernel));
   sketch::check_config(config);
@@ -117,12 +124,21 @@ Command add_sketch_command(CLI::App& app) {
   auto args = std::make_shared<SketchArgs>();
   sub->add_option("input", args->input, "TorchScript model (torch.jit.save or afterburner train --export)");
   sub->add_option("-o,--output", args->output, "where to write the sketched model")->required();
-  sub->add_option("--terms", args->terms, "sketched terms per layer (L)")->capture_default_str();
-  auto* rank = sub->add_option("--rank", args->rank, "rank of each term (k), the same for every layer");
+  sub->add_option("--terms", args->terms,
+                  "sketched terms per layer (L, default 1); with --tune, the L searched, comma-separated (default 1,2)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--rank", args->ranks,
+                  "rank of each term (k), the same for every layer; with --tune, the k searched, comma-separated "
+                  "(default 8,16,32,64,128,256)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   auto* budget = sub->add_option("--budget", args->budget,
                                  "instead of --rank: the largest rank whose weights stay within this fraction "
                                  "of each layer's, in (0, 1)");
-  rank->excludes(budget);
+  auto* layers = sub->add_option("--layers", args->layers,
+                                 "per-layer sketches overriding --rank/--budget: NAME=L:k or NAME=keep, "
+                                 "comma-separated (names as this command prints them)");
   auto* features = sub->add_option("--attention-features", args->attention_features,
                                    "random features per head (m) in place of each nn.MultiheadAttention's softmax "
                                    "(Performer's FAVOR+, the same weights); without it attention stays exact; with "
@@ -139,7 +155,10 @@ Command add_sketch_command(CLI::App& app) {
                              "train sketched plans of a model (--model: a zoo model or a TorchScript file, whose "
                              "attention is searched too) and write the fastest at inference whose validation "
                              "accuracy reaches --target-accuracy, its plan (TOML) and its frontier (SVG)");
-  tune->excludes(rank)->excludes(budget);
+  tune->excludes(budget)->excludes(layers);
+  sub->add_flag("!--no-per-layer", args->per_layer,
+                "--tune: keep every layer at the model-wide (L, k) chosen, without stepping single layers' ranks down")
+      ->needs(tune);
   sub->add_option("--time-budget", args->time_budget, "--tune: seconds for all its training runs, roughly")
       ->capture_default_str()
       ->needs(tune);
@@ -161,7 +180,7 @@ Command add_sketch_command(CLI::App& app) {
   auto recipe = std::make_shared<ConfigOptions>(
       sub, train::TrainConfig{},
       std::set<std::string>{"report", "dashboard", "export", "log_jsonl", "checkpoint_dir", "checkpoint_every", "resume",
-                            "trace", "profile", "progress", "sketch", "sketch_terms", "sketch_rank", "sketch_budget",
+                            "trace", "profile", "progress", "sketch", "sketch_terms", "sketch_rank", "sketch_budget", "sketch_layers",
                             "nproc", "nnodes", "node_rank", "master_addr", "master_port", "dist_timeout"});
   return {sub, [args, recipe] {
             if (args->tune) return run_tune(*args, recipe->resolve());

@@ -25,15 +25,16 @@ int64_t params_per_rank(int64_t terms, LayerKind kind, const std::vector<int64_t
   return 2 * terms * shape[1] * shape[2] * shape[3];
 }
 
-// Why the sketch of `rank` saves nothing (the layers' own sketch_saves_nothing rule), or "".
-std::string saves_nothing(const SketchConfig& config, LayerKind kind, const std::vector<int64_t>& shape, int64_t rank) {
-  const int64_t sketches = 2 * config.terms() * rank;
+// Why the sketch of `terms` terms of `rank` saves nothing (the layers' own sketch_saves_nothing
+// rule), or "".
+std::string saves_nothing(int64_t terms, LayerKind kind, const std::vector<int64_t>& shape, int64_t rank) {
+  const int64_t sketches = 2 * terms * rank;
   if (kind == LayerKind::linear) {
-    if (!sketch_saves_nothing(SKLinearOptions(shape[1], shape[0]).terms(config.terms()).rank(rank))) return "";
+    if (!sketch_saves_nothing(SKLinearOptions(shape[1], shape[0]).terms(terms).rank(rank))) return "";
     return fmt::format("rank {} would not save: 2Lk(d_in + d_out) = {} > d_in d_out = {}", rank,
                        sketches * (shape[0] + shape[1]), shape[0] * shape[1]);
   }
-  if (!sketch_saves_nothing(SKConv2dOptions(shape[1], shape[0], {shape[2], shape[3]}).terms(config.terms()).rank(rank))) {
+  if (!sketch_saves_nothing(SKConv2dOptions(shape[1], shape[0], {shape[2], shape[3]}).terms(terms).rank(rank))) {
     return "";
   }
   return fmt::format("rank {} would not save: 2Lk = {} >= C_out = {}", rank, sketches, shape[0]);
@@ -42,7 +43,54 @@ std::string saves_nothing(const SketchConfig& config, LayerKind kind, const std:
 // Both layers keep the dense bias, one value per output.
 int64_t bias_params(const std::vector<int64_t>& shape, bool has_bias) { return has_bias ? shape[0] : 0; }
 
+int64_t parse_count(const std::string& text, const std::string& field, const std::string& item) {
+  std::size_t end = 0;
+  int64_t value = -1;
+  try {
+    value = std::stoll(text, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  if (end == 0 || end != text.size() || value < 1) {
+    throw UsageError(field, fmt::format("'{}': expected NAME=L:k or NAME=keep with L and k at least 1", item));
+  }
+  return value;
+}
+
 }  // namespace
+
+LayerSketches parse_layer_sketches(const std::string& spec, const std::string& field) {
+  LayerSketches layers;
+  std::size_t start = 0;
+  while (start < spec.size()) {
+    const std::size_t comma = std::min(spec.find(',', start), spec.size());
+    const std::string item = spec.substr(start, comma - start);
+    start = comma + 1;
+    if (item.empty()) continue;
+    const std::size_t equals = item.find('=');
+    if (equals == 0 || equals == std::string::npos) {
+      throw UsageError(field, fmt::format("'{}': expected NAME=L:k or NAME=keep", item));
+    }
+    const std::string name = item.substr(0, equals), value = item.substr(equals + 1);
+    LayerSketch sketch;
+    if (value != "keep") {
+      const std::size_t colon = value.find(':');
+      if (colon == std::string::npos) throw UsageError(field, fmt::format("'{}': expected NAME=L:k or NAME=keep", item));
+      sketch.terms = parse_count(value.substr(0, colon), field, item);
+      sketch.rank = parse_count(value.substr(colon + 1), field, item);
+    }
+    if (!layers.emplace(name, sketch).second) throw UsageError(field, fmt::format("names layer '{}' twice", name));
+  }
+  return layers;
+}
+
+std::string format_layer_sketches(const LayerSketches& layers) {
+  std::vector<std::string> items;
+  for (const auto& [name, sketch] : layers) {
+    items.push_back(sketch.rank == 0 ? name + "=keep" : fmt::format("{}={}:{}", name, sketch.terms, sketch.rank));
+  }
+  return fmt::format("{}", fmt::join(items, ","));
+}
 
 void check_config(const SketchConfig& c) {
   if (c.terms() < 1) throw UsageError("sketch terms", fmt::format("must be at least 1, got {}", c.terms()));
@@ -50,6 +98,12 @@ void check_config(const SketchConfig& c) {
   if (c.rank() > 0 && c.budget() != 0.0) throw UsageError("sketch rank", "give a rank or a budget, not both");
   if (c.attention_features() < 0) {
     throw UsageError("sketch attention features", fmt::format("must be at least 1, got {}", c.attention_features()));
+  }
+  for (const auto& [name, sketch] : c.layers()) {
+    if (sketch.terms < 1 || sketch.rank < 0) {
+      throw UsageError("sketch layers", fmt::format("{}: L must be at least 1 and k at least 0, got L {} k {}", name,
+                                                    sketch.terms, sketch.rank));
+    }
   }
   const bool sketches_attention_alone = c.rank() == 0 && c.budget() == 0.0 && c.attention_features() > 0;
   if (c.rank() == 0 && !sketches_attention_alone && !(c.budget() > 0.0 && c.budget() < 1.0)) {
@@ -82,22 +136,31 @@ LayerPlan keep_layer(std::string name, LayerKind kind, std::vector<int64_t> weig
 LayerPlan plan_layer(const SketchConfig& config, std::string name, LayerKind kind,
                      std::vector<int64_t> weight_shape, bool has_bias) {
   LayerPlan plan = keep_layer(std::move(name), kind, std::move(weight_shape), has_bias, "");
-  if (config.rank() == 0 && config.budget() == 0.0) {
+  const auto own = config.layers().find(plan.name);
+  const bool per_layer = own != config.layers().end();
+  if (per_layer && own->second.rank == 0) {
+    plan.kept_because = "kept by the per-layer plan";
+    return plan;
+  }
+  if (!per_layer && config.rank() == 0 && config.budget() == 0.0) {
     plan.kept_because = "no rank or budget given (attention sketched alone)";
     return plan;
   }
+  const int64_t terms = per_layer ? own->second.terms : config.terms();
   const int64_t dense_weight = product(plan.weight_shape);
-  const int64_t per_rank = params_per_rank(config.terms(), kind, plan.weight_shape);
-  const int64_t rank = config.rank() > 0
-                           ? config.rank()
-                           : static_cast<int64_t>(std::floor(config.budget() * static_cast<double>(dense_weight) /
-                                                             static_cast<double>(per_rank)));
+  const int64_t per_rank = params_per_rank(terms, kind, plan.weight_shape);
+  const int64_t rank = per_layer          ? own->second.rank
+                       : config.rank() > 0 ? config.rank()
+                                           : static_cast<int64_t>(std::floor(config.budget() *
+                                                                             static_cast<double>(dense_weight) /
+                                                                             static_cast<double>(per_rank)));
   if (rank < 1) {
     plan.kept_because = fmt::format("a budget of {} allows no rank-1 sketch ({} weights per unit of rank)",
                                     config.budget(), per_rank);
-  } else if (std::string reason = saves_nothing(config, kind, plan.weight_shape, rank); !reason.empty()) {
+  } else if (std::string reason = saves_nothing(terms, kind, plan.weight_shape, rank); !reason.empty()) {
     plan.kept_because = std::move(reason);
   } else {
+    plan.terms = terms;
     plan.rank = rank;
     plan.sketched_params = rank * per_rank + bias_params(plan.weight_shape, has_bias);
   }
@@ -133,7 +196,9 @@ std::string describe(const LayerPlan& layer) {
   }
   const std::string what = fmt::format("{} ({} [{}])", layer.name, to_string(layer.kind), fmt::join(layer.weight_shape, ", "));
   if (!layer.replaced()) return fmt::format("{} kept: {}", what, layer.kept_because);
-  return fmt::format("{}: rank {}, {} of {} parameters", what, layer.rank, layer.sketched_params, layer.dense_params);
+  const std::string terms = layer.terms > 1 ? fmt::format("{} terms of ", layer.terms) : "";
+  return fmt::format("{}: {}rank {}, {} of {} parameters", what, terms, layer.rank, layer.sketched_params,
+                     layer.dense_params);
 }
 
 std::string describe(const SketchReport& report) {
@@ -144,6 +209,7 @@ std::string describe(const SketchReport& report) {
 
 void LayerPlan::keep(std::string reason) {
   kept_because = std::move(reason);
+  terms = 0;
   rank = 0;
   random_features = 0;
   sketched_params = dense_params;

@@ -382,7 +382,7 @@ jit::Module scripted_sketch(const Candidate& candidate, const SketchConfig& conf
   }
   if (dense.kind == LayerKind::linear) {
     SKLinear layer(SKLinearOptions(dense.weight.size(1), dense.weight.size(0))
-                       .terms(config.terms()).rank(candidate.plan.rank).bias(dense.bias.defined()),
+                       .terms(candidate.plan.terms).rank(candidate.plan.rank).bias(dense.bias.defined()),
                    dense.weight);
     if (dense.bias.defined()) layer->bias.copy_(dense.bias);
     layer->to(dtype);
@@ -391,7 +391,7 @@ jit::Module scripted_sketch(const Candidate& candidate, const SketchConfig& conf
   SKConv2d layer(SKConv2dOptions(dense.weight.size(1), dense.weight.size(0), {dense.weight.size(2), dense.weight.size(3)})
                      .stride({dense.stride[0], dense.stride[1]})
                      .padding({dense.padding[0], dense.padding[1]})
-                     .terms(config.terms()).rank(candidate.plan.rank).bias(dense.bias.defined()),
+                     .terms(candidate.plan.terms).rank(candidate.plan.rank).bias(dense.bias.defined()),
                  dense.weight);
   if (dense.bias.defined()) layer->bias.copy_(dense.bias);
   layer->to(dtype);

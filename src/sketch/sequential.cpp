@@ -51,7 +51,7 @@ class Sketcher {
       LayerPlan plan = plan_layer(config_, path, LayerKind::linear, linear->weight.sizes().vec(), linear->bias.defined());
       if (!plan.replaced()) return keep(layer, std::move(plan));
       SKLinear sketched(SKLinearOptions(linear->options.in_features(), linear->options.out_features())
-                            .terms(config_.terms()).rank(plan.rank).bias(linear->bias.defined()),
+                            .terms(plan.terms).rank(plan.rank).bias(linear->bias.defined()),
                         linear->weight);
       copy_bias(linear->bias, sketched->bias);
       report_.layers.push_back(std::move(plan));
@@ -68,7 +68,7 @@ class Sketcher {
       SKConv2d sketched(SKConv2dOptions(o.in_channels(), o.out_channels(), o.kernel_size())
                             .stride(o.stride())
                             .padding(get<torch::ExpandingArray<2>>(o.padding()))
-                            .terms(config_.terms()).rank(plan.rank).bias(conv->bias.defined()),
+                            .terms(plan.terms).rank(plan.rank).bias(conv->bias.defined()),
                         conv->weight);
       copy_bias(conv->bias, sketched->bias);
       report_.layers.push_back(std::move(plan));

@@ -11,6 +11,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/monitor/dashboard.h"
+#include "afterburner/sketch/plan.h"
 
 namespace afterburner::train {
 namespace {
@@ -136,6 +137,18 @@ ConfigField seed_field() {
           [](const TrainConfig& c) { return std::to_string(c.seed); }};
 }
 
+ConfigField sketch_layers_field() {
+  return {"sketch_layers",
+          "per-layer sketches overriding --sketch-rank/--sketch-budget: NAME=L:k or NAME=keep, comma-separated "
+          "(names as the sketch report prints them)",
+          false, "NAME=L:k,...",
+          [](TrainConfig& c, const std::string& value) {
+            sketch::parse_layer_sketches(value, "--sketch-layers");
+            c.sketch_layers = value;
+          },
+          [](const TrainConfig& c) { return c.sketch_layers; }};
+}
+
 ConfigField layer_list_field() {
   return {"checkpoint_layers", "comma-separated layer indices to run with activation checkpointing", false, "INT,...",
           [](TrainConfig& c, const std::string& value) {
@@ -230,6 +243,7 @@ std::vector<ConfigField> make_fields() {
               &TrainConfig::sketch_rank, 0),
       number("sketch_budget", "fraction of each layer's weights its sketch may use, when --sketch-rank is 0",
              &TrainConfig::sketch_budget, 1e-9, 1 - 1e-9),
+      sketch_layers_field(),
       layer_list_field(),
       path("checkpoint_dir", "directory for checkpoints (empty = none)", &TrainConfig::checkpoint_dir),
       integer("checkpoint_every", "also checkpoint every N optimizer steps (0 = epoch ends only)",
@@ -358,7 +372,8 @@ void validate(const TrainConfig& config) {
   const TrainConfig defaults;
   for (auto [flag, changed] : {std::pair<const char*, bool>{"--sketch-terms", config.sketch_terms != defaults.sketch_terms},
                                {"--sketch-rank", config.sketch_rank != defaults.sketch_rank},
-                               {"--sketch-budget", config.sketch_budget != defaults.sketch_budget}}) {
+                               {"--sketch-budget", config.sketch_budget != defaults.sketch_budget},
+                               {"--sketch-layers", !config.sketch_layers.empty()}}) {
     if (changed && !config.sketch) throw UsageError(flag, "needs --sketch");
   }
   const int64_t ranks = config.nproc * config.nnodes;

@@ -169,7 +169,8 @@ sketch::SketchedSequential sketched(const torch::nn::Sequential& model, const Tr
   return sketch::sketch_sequential(model, sketch::SketchConfig()
                                               .terms(config.sketch_terms)
                                               .rank(config.sketch_rank)
-                                              .budget(config.sketch_rank > 0 ? 0.0 : config.sketch_budget));
+                                              .budget(config.sketch_rank > 0 ? 0.0 : config.sketch_budget)
+                                              .layers(sketch::parse_layer_sketches(config.sketch_layers)));
 }
 
 // Returns {training, validation}: `fraction` of `all` held out for evaluation, chosen by a

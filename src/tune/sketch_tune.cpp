@@ -53,13 +53,18 @@ bool is_zoo_model(const std::string& name) {
   return std::find(zoo.begin(), zoo.end(), name) != zoo.end();
 }
 
-// "L 2 k 32", "L 1 k 16 m 64", "m 64" (attention alone), "dense".
+// "L 2 k 32", "L 1 k 16 m 64", "m 64" (attention alone), "L 1 k 64, fc2 at k 32" (per layer), "dense".
 std::string plan_name(const SketchPlan& plan) {
   if (plan.dense()) return "dense";
   std::vector<std::string> parts;
   if (plan.rank > 0) parts.push_back(fmt::format("L {} k {}", plan.terms, plan.rank));
   if (plan.attention_features > 0) parts.push_back(fmt::format("m {}", plan.attention_features));
-  return fmt::format("{}", fmt::join(parts, " "));
+  std::string name = fmt::format("{}", fmt::join(parts, " "));
+  for (const auto& [layer, sketch] : plan.per_layer) {
+    name += sketch.terms == plan.terms ? fmt::format(", {} at k {}", layer, sketch.rank)
+                                       : fmt::format(", {} at L {} k {}", layer, sketch.terms, sketch.rank);
+  }
+  return name;
 }
 
 // The plan as a file name: "L2-k32-m64".
@@ -73,8 +78,29 @@ sketch::SketchConfig file_sketch(const SketchPlan& plan, sketch::FeatureKernel k
       .terms(std::max<int64_t>(plan.terms, 1))
       .rank(plan.rank)
       .attention_features(plan.attention_features)
-      .attention_kernel(kernel);
+      .attention_kernel(kernel)
+      .layers(plan.per_layer);
 }
+
+// The next rank below `rank` in the searched ones, or 0.
+int64_t next_smaller_rank(const std::vector<int64_t>& ranks, int64_t rank) {
+  int64_t smaller = 0;
+  for (const int64_t r : ranks) {
+    if (r < rank) smaller = std::max(smaller, r);
+  }
+  return smaller;
+}
+
+// Whether two plans sketch every layer alike (a per-layer plan can equal a model-wide one).
+bool same_layers(const SketchPlan& a, const SketchPlan& b) {
+  auto same = [](const sketch::LayerPlan& x, const sketch::LayerPlan& y) {
+    return x.name == y.name && x.terms == y.terms && x.rank == y.rank && x.random_features == y.random_features;
+  };
+  return std::equal(a.layer_plans.begin(), a.layer_plans.end(), b.layer_plans.begin(), b.layer_plans.end(), same);
+}
+
+// A per-layer step must measure this much faster than the plan it starts from: less is noise.
+constexpr double kPerLayerMargin = 1.05;
 
 // How many layers of each kind the report replaced: {Linear and Conv2d, attention}.
 std::pair<int64_t, int64_t> replaced_by_kind(const sketch::SketchReport& report) {
@@ -90,10 +116,11 @@ std::string plan_verdict_chosen(const SketchPlan& plan, double recipe_lr) {
   return plan.lr == recipe_lr ? "chosen" : fmt::format("chosen (at lr {:g}: the recipe's diverged)", plan.lr);
 }
 
-TrainConfig sketched(TrainConfig config, int64_t terms, int64_t rank) {
-  config.sketch = terms > 0;
-  config.sketch_terms = terms > 0 ? terms : 1;
-  config.sketch_rank = rank;
+TrainConfig sketched(TrainConfig config, const SketchPlan& plan) {
+  config.sketch = plan.terms > 0;
+  config.sketch_terms = plan.terms > 0 ? plan.terms : 1;
+  config.sketch_rank = plan.rank;
+  config.sketch_layers = sketch::format_layer_sketches(plan.per_layer);
   return config;
 }
 
@@ -126,6 +153,7 @@ class SketchSearch {
                     result_.dense.samples_per_sec, options_.batch_size(), *result_.dense.accuracy, dense_seconds_));
     gather_plans();
     search();
+    if (options_.per_layer()) refine_per_layer();
     return std::move(result_);
   }
 
@@ -172,17 +200,24 @@ class SketchSearch {
   }
 
   void describe_layers(const sketch::SketchReport& report, SketchPlan& plan) const {
+    plan.layer_plans = report.layers;
     for (const auto& layer : report.layers) plan.layers.push_back(sketch::describe(layer));
     plan.parameters = report.params_after;
   }
 
   // A zoo model as training builds it (sketched as planned) and exports it.
   torch::jit::Module zoo_model(SketchPlan& plan) {
-    train::TrainingSession session(sketched(recipe_, plan.terms, plan.rank), data_);
+    train::TrainingSession session(sketched(recipe_, plan), data_);
     if (const sketch::SketchReport* report = session.sketch_report()) describe_layers(*report, plan);
     const std::string file = scratch_.file("measured.pt");
     session.export_model(file);
     return infer::load_model(file);
+  }
+
+  // "initial-L1-k64-m0-3.pt": a file of its own for each model written (plans with layers of their
+  // own share their stem).
+  std::string scratch_file(const std::string& what, const SketchPlan& plan) {
+    return scratch_.file(fmt::format("{}-{}-{}.pt", what, plan_file_stem(plan), ++scratch_files_));
   }
 
   // The user's file sketched as planned, saved for its training.
@@ -190,7 +225,7 @@ class SketchSearch {
     torch::jit::Module model = infer::load_model(recipe_.model);
     if (plan.dense()) return model;
     describe_layers(sketch::sketch_script(model, file_sketch(plan, options_.attention_kernel())), plan);
-    const std::string initial = scratch_.file("initial-" + plan_file_stem(plan) + ".pt");
+    const std::string initial = scratch_file("initial", plan);
     infer::save_model(model, initial);
     initial_files_[plan_name(plan)] = initial;
     return model;
@@ -275,7 +310,7 @@ class SketchSearch {
 
   // The recipe that trains the plan: the zoo model sketched, or the file's sketched copy.
   TrainConfig training_config(const SketchPlan& plan) const {
-    if (!file_) return sketched(recipe_, plan.terms, plan.rank);
+    if (!file_) return sketched(recipe_, plan);
     TrainConfig config = recipe_;
     if (!plan.dense()) config.model = initial_files_.at(plan_name(plan));
     return config;
@@ -307,7 +342,7 @@ class SketchSearch {
       plan.train_seconds += report.train_seconds;
       plan.verdict.clear();
       if (!plan.dense()) {
-        const std::string file = scratch_.file("trained-" + plan_file_stem(plan) + ".pt");
+        const std::string file = scratch_file("trained", plan);
         session.export_model(file);
         trained_files_[plan_name(plan)] = file;
       }
@@ -365,6 +400,77 @@ class SketchSearch {
     if (low < order.size()) choose(order[low]);
   }
 
+  // The chosen plan with one layer at the next smaller rank, measured; nullopt where there is no
+  // smaller rank, the layer's sketch at it costs more than the layer, or it is not faster.
+  std::optional<SketchPlan> stepped_down(const SketchPlan& base, const sketch::LayerPlan& layer) {
+    const int64_t rank = next_smaller_rank(options_.ranks(), layer.rank);
+    if (rank == 0) return std::nullopt;
+    SketchPlan plan;
+    plan.terms = base.terms;
+    plan.rank = base.rank;
+    plan.attention_features = base.attention_features;
+    plan.per_layer = base.per_layer;
+    plan.per_layer[layer.name] = sketch::LayerSketch{layer.terms, rank};
+    plan = measured_plan(plan);
+    const bool stepped = std::any_of(plan.layer_plans.begin(), plan.layer_plans.end(), [&](const sketch::LayerPlan& p) {
+      return p.name == layer.name && p.rank == rank;
+    });
+    if (!stepped || plan.samples_per_sec < kPerLayerMargin * base.samples_per_sec) return std::nullopt;
+    const bool trained_already = std::any_of(result_.plans.begin(), result_.plans.end(), [&](const SketchPlan& other) {
+      return other.accuracy && same_layers(other, plan);
+    });
+    if (trained_already) return std::nullopt;  // e.g. every layer stepped down: a model-wide plan
+    plan.speedup = plan.samples_per_sec / result_.dense.samples_per_sec;
+    log(fmt::format("{}: {:.0f} samples/s, {:.2f}x dense", plan_name(plan), plan.samples_per_sec, plan.speedup));
+    return plan;
+  }
+
+  // From the chosen plan, the fastest of its one-layer steps down that still reaches the target
+  // becomes the choice, again and again until no step is faster and accurate enough.
+  void refine_per_layer() {
+    while (result_.chosen && !stopped()) {
+      const SketchPlan base = result_.plans[*result_.chosen];
+      std::vector<SketchPlan> steps;
+      for (const auto& layer : base.layer_plans) {
+        if (!layer.replaced() || layer.kind == sketch::LayerKind::attention) continue;
+        if (stopped()) return;
+        if (auto step = stepped_down(base, layer)) steps.push_back(std::move(*step));
+      }
+      std::stable_sort(steps.begin(), steps.end(),
+                       [](const SketchPlan& a, const SketchPlan& b) { return a.samples_per_sec > b.samples_per_sec; });
+      const std::size_t first = result_.plans.size();
+      for (auto& step : steps) result_.plans.push_back(std::move(step));
+      std::optional<std::size_t> better;
+      for (std::size_t i = first; i < result_.plans.size() && !better; ++i) {
+        const std::optional<bool> reached = reaches_target(result_.plans[i]);
+        if (!reached) {
+          result_.notes.push_back(fmt::format("the time budget ({:.0f} s) ended the per-layer search", options_.time_budget()));
+          break;
+        }
+        if (*reached) better = i;
+      }
+      for (std::size_t i = first; i < result_.plans.size(); ++i) {
+        SketchPlan& step = result_.plans[i];
+        if (!step.accuracy && step.verdict.empty()) step.verdict = "not trained: a faster step reached the target";
+      }
+      if (!better) break;
+      result_.plans[*result_.chosen].verdict = "reaches the target; a per-layer plan is faster";
+      choose(*better);
+    }
+    sort_fastest_first();
+  }
+
+  // The plans fastest first again (per-layer plans joined them last), the choice following.
+  void sort_fastest_first() {
+    const std::optional<std::string> chosen =
+        result_.chosen ? std::optional<std::string>(plan_name(result_.plans[*result_.chosen])) : std::nullopt;
+    std::stable_sort(result_.plans.begin(), result_.plans.end(),
+                     [](const SketchPlan& a, const SketchPlan& b) { return a.samples_per_sec > b.samples_per_sec; });
+    for (std::size_t i = 0; chosen && i < result_.plans.size(); ++i) {
+      if (plan_name(result_.plans[i]) == *chosen) result_.chosen = i;
+    }
+  }
+
   // A search ended early (interrupted, or out of time): the fastest plan trained so far that
   // reached the target, if any.
   void choose_fastest_reaching(const std::string& why) {
@@ -392,6 +498,7 @@ class SketchSearch {
   std::map<std::string, std::string> initial_files_;  // plan name -> a file's sketched copy, before training
   std::map<std::string, std::string> trained_files_;  // plan name -> the trained model
   double dense_seconds_ = 0;
+  std::size_t scratch_files_ = 0;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
@@ -419,7 +526,7 @@ std::string plan_toml(const SketchTuneResult& result, const std::string& initial
   if (result.chosen_initial_model) {
     config.model = initial_model;  // the file sketched as planned, before training
   } else {
-    config = sketched(result.recipe, plan.terms, plan.rank);
+    config = sketched(result.recipe, plan);
   }
   config.lr = plan.lr;
   return out + train::to_toml(config, &defaults);
@@ -452,10 +559,12 @@ SketchTuneResult tune_sketch(const TrainConfig& recipe, const SketchTuneOptions&
 std::string format_sketch_table(const SketchTuneResult& result) {
   std::string out = fmt::format("{}: validation accuracy at least {:.4f}; samples/s frozen for inference at batch {}\n",
                                 result.model, result.target_accuracy, result.batch_size);
-  out += fmt::format("{:<16} {:>11} {:>12} {:>8} {:>10}  {}\n", "plan", "parameters", "samples/s", "speedup",
+  std::size_t width = 16;  // the plan column fits the longest name (per-layer plans' are long)
+  for (const auto& plan : result.plans) width = std::max(width, plan_name(plan).size());
+  out += fmt::format("{:<{}} {:>11} {:>12} {:>8} {:>10}  {}\n", "plan", width, "parameters", "samples/s", "speedup",
                      "accuracy", "verdict");
   auto row = [&](const SketchPlan& plan) {
-    out += fmt::format("{:<16} {:>11} {:>12.0f} {:>7.2f}x {:>10}  {}\n", plan_name(plan), plan.parameters,
+    out += fmt::format("{:<{}} {:>11} {:>12.0f} {:>7.2f}x {:>10}  {}\n", plan_name(plan), width, plan.parameters,
                        plan.samples_per_sec, plan.dense() ? 1.0 : plan.speedup, accuracy_text(plan), plan.verdict);
   };
   row(result.dense);

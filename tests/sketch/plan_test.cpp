@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "afterburner/core/error.h"
 #include "testing.h"
 
 namespace afterburner::sketch {
@@ -16,11 +17,53 @@ TEST(SketchPlan, AFixedRankCountsTheSketchedWeights) {
   EXPECT_EQ(plan.rank, 16);
   EXPECT_EQ(plan.dense_params, 1024 * 784 + 1024);
   EXPECT_EQ(plan.sketched_params, 2 * 16 * (784 + 1024) + 1024);
-  EXPECT_EQ(describe(plan), "fc (Linear [1024, 784]): rank 16, 58880 of 803840 parameters");
+  EXPECT_EQ(describe(plan), "fc (Linear [1024, 784]): 2 terms of rank 16, 58880 of 803840 parameters");
+  EXPECT_EQ(describe(plan_layer(SketchConfig().rank(16), "fc", LayerKind::linear, {1024, 784}, true)),
+            "fc (Linear [1024, 784]): rank 16, 29952 of 803840 parameters");
 
   auto conv = plan_layer(SketchConfig().rank(4), "conv", LayerKind::conv2d, {64, 32, 3, 3}, false);
   EXPECT_EQ(conv.sketched_params, 2 * 4 * 32 * 9);
   EXPECT_EQ(conv.dense_params, 64 * 32 * 9);
+}
+
+TEST(SketchPlan, PerLayerSketchesOverrideTheModelWideOne) {
+  const SketchConfig config = SketchConfig().terms(1).rank(64).layers({{"fc1", {2, 8}}, {"fc2", {1, 0}}});
+  const LayerPlan own = plan_layer(config, "fc1", LayerKind::linear, {1024, 784}, true);
+  EXPECT_EQ(own.terms, 2);
+  EXPECT_EQ(own.rank, 8);
+  EXPECT_EQ(own.sketched_params, 2 * 8 * (784 + 1024) + 1024);
+  EXPECT_EQ(plan_layer(config, "fc2", LayerKind::linear, {1024, 1024}, true).kept_because, "kept by the per-layer plan");
+  const LayerPlan other = plan_layer(config, "fc3", LayerKind::linear, {1024, 1024}, true);
+  EXPECT_EQ(other.terms, 1);
+  EXPECT_EQ(other.rank, 64);
+  // A layer named alone, the others kept: no model-wide rank or budget needed.
+  const SketchConfig alone = SketchConfig().attention_features(16).layers({{"fc1", {1, 32}}});
+  EXPECT_EQ(plan_layer(alone, "fc1", LayerKind::linear, {1024, 784}, true).rank, 32);
+  EXPECT_FALSE(plan_layer(alone, "fc3", LayerKind::linear, {1024, 784}, true).replaced());
+  // The per-layer sketch still has to cost less than the layer.
+  EXPECT_TRUE(Contains(plan_layer(SketchConfig(config).layers({{"head", {2, 8}}}), "head", LayerKind::linear, {10, 128}, true)
+                           .kept_because,
+                       "would not save"));
+  EXPECT_THROW(check_config(SketchConfig().rank(8).layers({{"fc1", {0, 8}}})), UsageError);
+}
+
+TEST(SketchPlan, LayerSketchesParseAndFormatBothWays) {
+  const LayerSketches layers = parse_layer_sketches("fc1=2:32,features.3=keep,,0=1:8");
+  ASSERT_EQ(layers.size(), 3u);
+  EXPECT_EQ(layers.at("fc1"), (LayerSketch{2, 32}));
+  EXPECT_EQ(layers.at("features.3"), (LayerSketch{1, 0}));
+  EXPECT_EQ(layers.at("0"), (LayerSketch{1, 8}));
+  EXPECT_EQ(format_layer_sketches(layers), "0=1:8,fc1=2:32,features.3=keep");
+  EXPECT_EQ(parse_layer_sketches(format_layer_sketches(layers)), layers);
+  EXPECT_TRUE(parse_layer_sketches("").empty());
+  for (const char* bad : {"fc1", "=1:8", "fc1=8", "fc1=0:8", "fc1=1:0", "fc1=1:x", "fc1=1:8,fc1=keep", "fc1=1:8:2"}) {
+    try {
+      parse_layer_sketches(bad, "sketch_layers");
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const UsageError& e) {
+      EXPECT_TRUE(Contains(e.what(), "sketch_layers: ")) << e.what();
+    }
+  }
 }
 
 TEST(SketchPlan, ABudgetGivesTheLargestRankWithinIt) {

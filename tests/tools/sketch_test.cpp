@@ -70,6 +70,23 @@ TEST_F(CliSketch, TrainSketchedMlpExportsSketchedLayersPythonRuns) {
   expect_python_agrees(exported, dir_ / "io.pt");
 }
 
+TEST_F(CliSketch, TrainSketchesLayersAsTheirOwnSketchesSay) {
+  const auto exported = dir_ / "mlp-layers.pt";
+  auto result = train({{"--model", "mlp"}, {"--sketch", ""}, {"--sketch-rank", "8"}, {"--sketch-layers", "3=2:16,1=keep"},
+                       {"--max-steps", "2"}, {"--batch-size", "32"}, {"--export", exported.string()}});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_TRUE(Contains(result.err, "sketch: 1 (Linear [1024, 784]) kept: kept by the per-layer plan")) << result.err;
+  EXPECT_TRUE(Contains(result.err, "sketch: 3 (Linear [1024, 1024]): 2 terms of rank 16")) << result.err;
+  auto model = torch::jit::load(exported.string());
+  EXPECT_EQ(model.attr("layer3").toModule().attr("S1s").toTensor().sizes(), (std::vector<int64_t>{2, 1024, 16}));
+  EXPECT_TRUE(model.attr("layer1").toModule().hasattr("weight"));
+  expect_python_agrees(exported, dir_ / "io.pt");
+
+  EXPECT_TRUE(fails_with(train({{"--model", "mlp"}, {"--sketch", ""}, {"--sketch-layers", "3=2"}}), 2,
+                         {"--sketch-layers: '3=2': expected NAME=L:k or NAME=keep"}));
+  EXPECT_TRUE(fails_with(train({{"--model", "mlp"}, {"--sketch-layers", "3=keep"}}), 2, {"--sketch-layers: needs --sketch"}));
+}
+
 TEST_F(CliSketch, TrainSketchedCnnResumesFromItsCheckpoint) {
   const auto checkpoints = dir_ / "ckpt";
   std::map<std::string, std::string> flags{{"--model", "cnn"}, {"--sketch", ""}, {"--sketch-budget", "0.3"},
@@ -91,11 +108,21 @@ TEST_F(CliSketch, SketchRewritesAnExportedModel) {
   ASSERT_EQ(train({{"--model", "mlp"}, {"--max-steps", "1"}, {"--export", dense.string()}}).exit_code, 0);
   auto result = run_cli({"sketch", dense.string(), "-o", sketched.string(), "--terms", "2", "--rank", "16"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  EXPECT_TRUE(Contains(result.out, "layer1 (Linear [1024, 784]): rank 16, 58880 of 803840 parameters"));
+  EXPECT_TRUE(Contains(result.out, "layer1 (Linear [1024, 784]): 2 terms of rank 16, 58880 of 803840 parameters"));
   EXPECT_TRUE(Contains(result.out, "layer5 (Linear [10, 1024]) kept"));
   EXPECT_TRUE(Contains(result.out, "2 of 3 layers sketched"));
   auto model = torch::jit::load(sketched.string());
   EXPECT_EQ(model.attr("layer3").toModule().attr("S2s").toTensor().sizes(), (std::vector<int64_t>{2, 16, 1024}));
+  expect_python_agrees(sketched, dir_ / "io.pt");
+
+  // Layers of their own: one kept, one at another L and k, the rest model-wide.
+  auto per_layer = run_cli({"sketch", dense.string(), "-o", sketched.string(), "--rank", "16", "--layers",
+                            "layer1=keep,layer3=2:8"});
+  ASSERT_EQ(per_layer.exit_code, 0) << per_layer.err;
+  EXPECT_TRUE(Contains(per_layer.out, "layer1 (Linear [1024, 784]) kept: kept by the per-layer plan"));
+  EXPECT_TRUE(Contains(per_layer.out, "layer3 (Linear [1024, 1024]): 2 terms of rank 8"));
+  EXPECT_EQ(torch::jit::load(sketched.string()).attr("layer3").toModule().attr("S1s").toTensor().sizes(),
+            (std::vector<int64_t>{2, 1024, 8}));
   expect_python_agrees(sketched, dir_ / "io.pt");
 }
 
@@ -110,6 +137,10 @@ TEST_F(CliSketch, BadInputGetsOneErrorLineAndWritesNothing) {
   EXPECT_EQ(run_cli({"sketch", dense.string(), "-o", out.string(), "--rank", "4", "--budget", "0.5"}).exit_code, 2);
   EXPECT_TRUE(fails_with(run_cli({"sketch", dense.string(), "-o", out.string(), "--rank", "1000"}), 1,
                          {dense.string(), "no layer was sketched"}));
+  EXPECT_TRUE(fails_with(run_cli({"sketch", dense.string(), "-o", out.string(), "--rank", "8,16"}), 2,
+                         {"--rank: takes one number (a list with --tune only)"}));
+  EXPECT_TRUE(fails_with(run_cli({"sketch", dense.string(), "-o", out.string(), "--rank", "8", "--layers", "layer1"}), 2,
+                         {"--layers: 'layer1': expected NAME=L:k or NAME=keep"}));
   EXPECT_FALSE(std::filesystem::exists(out));
 
   const auto frozen = dir_ / "mlp-opt.pt";
@@ -160,12 +191,15 @@ TEST_F(CliSketch, TuneWritesTheFastestPlanThatReachesTheTarget) {
   EXPECT_TRUE(Contains(first_plan.substr(0, first_plan.find('\n')), "chosen")) << result.out;
 
   const std::string plan = read_text(dir_ / "mlp-sketched.plan.toml");
-  auto integer_after = [&](const std::string& key) {
-    const auto at = plan.find("\n" + key + " = ");
-    return at == std::string::npos ? -1 : std::stoll(plan.substr(at + key.size() + 4));
-  };
-  const int64_t terms = std::max<int64_t>(1, integer_after("sketch_terms")), rank = integer_after("sketch_rank");
-  ASSERT_GT(rank, 0) << plan;  // (sketch_terms is left out at its default, 1)
+  // The first Linear as the plan's comments describe it, model-wide or per layer:
+  // "1 (Linear [1024, 784]): 2 terms of rank 16, 58880 of 803840 parameters".
+  const auto described = plan.find("#   1 (Linear [1024, 784]): ");
+  ASSERT_NE(described, std::string::npos) << plan;
+  const std::string layer1 = plan.substr(described + 4, plan.find('\n', described) - described - 4);
+  const std::string sketch = layer1.substr(layer1.find("): ") + 3);
+  const int64_t terms = Contains(sketch, " terms of rank ") ? std::stoll(sketch) : 1;
+  const int64_t rank = std::stoll(sketch.substr(sketch.find("rank ") + 5));
+  ASSERT_GT(rank, 0) << plan;
   EXPECT_TRUE(Contains(plan, "sketch = true"));
   EXPECT_FALSE(Contains(plan, "target_accuracy")) << "the search's target is no early stop of the recipe";
   auto model = torch::jit::load(out.string());
@@ -176,7 +210,21 @@ TEST_F(CliSketch, TuneWritesTheFastestPlanThatReachesTheTarget) {
   auto again = run_cli({"train", "--config", (dir_ / "mlp-sketched.plan.toml").string(), "--data", dir_.path().string(),
                         "--max-steps", "1", "--threads", "1", "--progress", "none"});
   ASSERT_EQ(again.exit_code, 0) << again.err;
-  EXPECT_TRUE(Contains(again.err, fmt::format("sketch: 1 (Linear [1024, 784]): rank {}", rank)));
+  EXPECT_TRUE(Contains(again.err, "sketch: " + layer1)) << again.err;  // the plan trains again as described
+}
+
+// --terms and --rank choose the model-wide plans searched; --no-per-layer keeps them model-wide.
+TEST_F(CliSketch, TuneSearchesTheTermsAndRanksGiven) {
+  const auto out = dir_ / "mlp-sketched.pt";
+  auto result = run_cli(tune_args(dir_.path(), out, "0.01", {"--terms", "1", "--rank", "16,64", "--no-per-layer"}));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto table = result.out.substr(result.out.find("\ndense"));
+  EXPECT_TRUE(Contains(table, "\nL 1 k 16 ")) << table;
+  EXPECT_TRUE(Contains(table, "\nL 1 k 64 ")) << table;
+  std::size_t plans = 0;
+  for (auto at = table.find("\nL "); at != std::string::npos; at = table.find("\nL ", at + 1)) ++plans;
+  EXPECT_EQ(plans, 2u) << table;
+  EXPECT_FALSE(Contains(read_text(dir_ / "mlp-sketched.plan.toml"), "sketch_layers"));
 }
 
 TEST_F(CliSketch, TuneRefusesInOneLineWhenNoPlanReachesTheTarget) {

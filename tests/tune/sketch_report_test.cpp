@@ -1,5 +1,6 @@
 // sketch --tune's report of a search, from results made here (no timing involved): the plans'
 // names in the table, and the one line of a search that found no plan.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "afterburner/tune/sketch_tune.h"
@@ -37,6 +38,22 @@ TEST(SketchTuneReport, NamesEachPlansPartsInTheTable) {
   EXPECT_TRUE(Contains(table, "\nL 2 k 32 ")) << table;
   EXPECT_TRUE(Contains(table, "\nm 64 ")) << table;           // attention alone, Linear layers kept
   EXPECT_TRUE(Contains(table, "\nL 1 k 8 m 128 ")) << table;  // both
+}
+
+TEST(SketchTuneReport, NamesPerLayerPlansAndFitsTheirRows) {
+  SketchPlan per_layer = plan(2, 32, 0, 4, 0.81);
+  per_layer.per_layer = {{"features.3", {2, 16}}, {"head", {1, 8}}};
+  per_layer.verdict = "chosen";
+  SketchTuneResult result = searched({per_layer, plan(2, 32, 0, 3, 0.84)});
+  result.chosen = 0;
+  const std::string table = format_sketch_table(result);
+  // The per-layer parts after the model-wide ones; a layer at other terms says so.
+  const std::string name = "L 2 k 32, features.3 at k 16, head at L 1 k 8";
+  EXPECT_TRUE(Contains(table, "\n" + name + " ")) << table;
+  // The plan column as wide as the longest name: the parameters column right-aligned in 11 after it.
+  EXPECT_EQ(table.find("parameters") - table.find("plan"), name.size() + 2) << table;
+  const auto row = table.find("\n" + name);
+  EXPECT_EQ(table.substr(row + 1 + name.size(), 12), fmt::format(" {:>11}", per_layer.parameters)) << table;
 }
 
 TEST(SketchTuneReport, ASearchWithoutAPlanSaysWhyInOneLine) {

@@ -10,6 +10,7 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,9 +18,24 @@
 
 namespace afterburner::sketch {
 
+// One layer's sketch, overriding the model-wide one: L terms of rank k, or the layer kept (k 0).
+struct LayerSketch {
+  int64_t terms = 1, rank = 0;
+  bool operator==(const LayerSketch& other) const { return terms == other.terms && rank == other.rank; }
+};
+
+// Per-layer sketches by layer path ("fc1", "features.3").
+using LayerSketches = std::map<std::string, LayerSketch>;
+
+// "0=2:32,features.3=keep" -> {"0": L 2 k 32, "features.3": kept}; the inverse of
+// format_layer_sketches. Throws UsageError naming `field` for anything else.
+LayerSketches parse_layer_sketches(const std::string& spec, const std::string& field = "--sketch-layers");
+std::string format_layer_sketches(const LayerSketches& layers);
+
 // At most one of rank and budget is set: a fixed k for every layer, or the largest k whose
 // trainable weights stay within `budget` times the dense layer's; neither keeps Linear and Conv2d
-// layers (when attention_features sketches attention alone).
+// layers (when attention_features sketches attention alone). `layers` overrides both for the
+// layers it names (a layer it names is sketched as it says, if its sketch costs less).
 struct SketchConfig {
   TORCH_ARG(int64_t, terms) = 1;     // L
   TORCH_ARG(int64_t, rank) = 0;      // k; 0: derived from the budget
@@ -28,10 +44,11 @@ struct SketchConfig {
   // keeps attention exact.
   TORCH_ARG(int64_t, attention_features) = 0;
   TORCH_ARG(FeatureKernel, attention_kernel) = FeatureKernel::softmax;
+  TORCH_ARG(LayerSketches, layers);
 };
 
-// Throws UsageError naming "sketch terms", "sketch rank", "sketch budget" or "sketch attention
-// features".
+// Throws UsageError naming "sketch terms", "sketch rank", "sketch budget", "sketch attention
+// features" or "sketch layers".
 void check_config(const SketchConfig& config);
 
 enum class LayerKind { linear, conv2d, attention };
@@ -43,6 +60,7 @@ struct LayerPlan {
   std::vector<int64_t> weight_shape;  // torch layout: [out, in], [C_out, C_in, Kh, Kw]; attention [3E, E]
   int64_t dense_params = 0;           // weight + bias
   int64_t sketched_params = 0;        // trainable after sketching (S1s, S2s, bias); dense_params if kept
+  int64_t terms = 0;                  // L when replaced, 0 when kept
   int64_t rank = 0;                   // k when replaced, 0 when kept
   int64_t num_heads = 0;              // attention only
   int64_t random_features = 0;        // attention: m when replaced, 0 when kept

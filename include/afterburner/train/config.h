@@ -62,6 +62,7 @@ struct TrainConfig {
   int64_t sketch_terms = 1;        // L
   int64_t sketch_rank = 0;         // k; 0 = the largest within sketch_budget
   double sketch_budget = 0.25;     // fraction of each layer's weights its sketch may use
+  std::string sketch_layers;       // per-layer overrides, "fc1=2:32,fc2=keep" (sketch::parse_layer_sketches)
   std::vector<int64_t> checkpoint_layers;  // activation checkpointing of these layer indices
   std::string checkpoint_dir;      // empty = no checkpoints
   int64_t checkpoint_every = 0;    // steps; 0 = at epoch ends only

@@ -4,8 +4,9 @@
 // for files also m random features in place of each nn.MultiheadAttention) is first measured
 // where it will run (frozen for inference, at a batch size), then plans are trained with the
 // user's recipe, fastest first, in a binary search for the fastest one whose accuracy on a
-// validation split held out of the training set reaches the target. Speed decides by
-// measurement, not by FLOPs; training decides accuracy.
+// validation split held out of the training set reaches the target; then, layer by layer, the
+// chosen plan's ranks step down where that measures faster and still reaches it. Speed decides
+// by measurement, not by FLOPs; training decides accuracy.
 //
 //   afterburner::train::TrainConfig recipe;   // the user's training options
 //   recipe.model = "mlp";
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "afterburner/sketch/feature_kernel.h"
+#include "afterburner/sketch/plan.h"
 #include "afterburner/train/config.h"
 
 namespace afterburner::tune {
@@ -45,6 +47,10 @@ struct SketchTuneOptions {
   // (and attention alone, its Linear layers kept).
   TORCH_ARG(std::vector<int64_t>, attention_features) = std::vector<int64_t>{32, 64, 128};
   TORCH_ARG(sketch::FeatureKernel, attention_kernel) = sketch::FeatureKernel::softmax;
+  // After the model-wide plans: one layer at a time, the chosen plan with that layer at the next
+  // smaller rank, where it measures faster, trained, and kept when it still reaches the target;
+  // again from each plan kept, until no layer's step down is faster and accurate enough.
+  TORCH_ARG(bool, per_layer) = true;
   TORCH_ARG(int64_t, batch_size) = 64;        // the inference batch speeds are measured at
   TORCH_ARG(double, measure_seconds) = 0.5;   // per model and speed measurement
   TORCH_ARG(std::function<void(const std::string&)>, log) = nullptr;  // a line per finished step
@@ -56,7 +62,9 @@ struct SketchTuneOptions {
 struct SketchPlan {
   int64_t terms = 0, rank = 0;          // rank 0: Linear and Conv2d kept (0, 0, 0: the dense model)
   int64_t attention_features = 0;       // m; 0: attention kept exact
-  std::vector<std::string> layers;      // sketch::describe of each layer: replaced or kept, and why
+  sketch::LayerSketches per_layer;      // layers sketched otherwise than (terms, rank)
+  std::vector<sketch::LayerPlan> layer_plans;  // each layer: replaced (with L and k) or kept, and why
+  std::vector<std::string> layers;      // sketch::describe of each layer
   int64_t parameters = 0;               // trainable
   double samples_per_sec = 0;           // frozen for inference, at the options' batch size
   double speedup = 0;                   // over the dense model's samples/s, measured in the same run
