@@ -12,8 +12,12 @@ before the first call (inputs and weights excluded). The layers alternate within
 repetition; the table gives the median [min, max] over repetitions and each layer's ratio to
 mha. Where mha's [H, L, L] scores would not fit in --max-gib, it is not run.
 
+With --causal every layer is causal: mha with generate_square_subsequent_mask's float mask (its
+fast path then falls back to the math path, as it does for users' causal masks), exact with
+causal=True, the performer with iscausal=True (prefix states over blocks of 128 positions).
+
   /usr/bin/python3 bench/rand_attention.py [--lengths 256,1024,4096,16384] [--embed 256] [--heads 4]
-      [--features 128] [--mode inference|training] [--reps 3] [--iters 5] [--threads 2]
+      [--features 128] [--mode inference|training] [--causal] [--reps 3] [--iters 5] [--threads 2]
 """
 import argparse
 import json
@@ -40,7 +44,7 @@ def make_layer(kind, args):
 
     torch.manual_seed(0)
     if kind == "performer":
-        return abnn.RandMultiHeadAttention(args.embed, args.heads, args.features, seed=0)
+        return abnn.RandMultiHeadAttention(args.embed, args.heads, args.features, seed=0, iscausal=args.causal)
     mha = torch.nn.MultiheadAttention(args.embed, args.heads, batch_first=True)
     if kind == "mha":
         return mha
@@ -57,7 +61,7 @@ def make_layer(kind, args):
             h = args.heads
             q, k, v = torch.nn.functional.linear(query, self.mha.in_proj_weight, self.mha.in_proj_bias).chunk(3, -1)
             split = lambda t: t.view(b, length, h, e // h).transpose(1, 2)  # noqa: E731
-            out = afterburner.nn.functional.attention(split(q), split(k), split(v))
+            out = afterburner.nn.functional.attention(split(q), split(k), split(v), is_causal=args.causal)
             return self.mha.out_proj(out.transpose(1, 2).reshape(b, length, e)), None
 
     return Exact()
@@ -72,15 +76,17 @@ def run_one(kind, length, args):
     x = torch.randn(1, length, args.embed, requires_grad=args.mode == "training")
     training = args.mode == "training"
     layer.train(training)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(length) if args.causal and kind == "mha" else None
+    masked = {"attn_mask": mask} if mask is not None else {}
 
     def call():
         if training:
-            out = layer(x, x, x)[0]
+            out = layer(x, x, x, **masked)[0]
             out.sum().backward()
             return
         with torch.no_grad():
             if kind == "mha":
-                layer(x, x, x, need_weights=False)
+                layer(x, x, x, need_weights=False, **masked)
             else:
                 layer(x, x, x)
 
@@ -108,6 +114,7 @@ def main():
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--features", type=int, default=128)
     parser.add_argument("--mode", choices=("inference", "training"), default="inference")
+    parser.add_argument("--causal", action="store_true")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
@@ -118,7 +125,7 @@ def main():
         print(json.dumps(run_one(args.one[0], int(args.one[1]), args)))
         return
     passed = [a for a in sys.argv[1:]]
-    print(f"# {args.mode}, batch 1, embed {args.embed}, {args.heads} heads, m = {args.features}, "
+    print(f"# {args.mode}{', causal' if args.causal else ''}, batch 1, embed {args.embed}, {args.heads} heads, m = {args.features}, "
           f"{args.threads} threads, fp32; median [min, max] of {args.reps} alternating runs of {args.iters} calls")
     print(f"{'L':>6} {'layer':>10} {'ms':>24} {'peak MiB':>10} {'vs mha':>8}")
     for length in (int(n) for n in args.lengths.split(",")):

@@ -471,15 +471,109 @@ torch::Tensor products_gradient(const torch::Tensor& grad, const torch::Tensor& 
   return d;
 }
 
+// Positions per block of the causal contraction: within a block the masked [C, C] products,
+// across blocks one [m, dv + 1] state each, linear in L for a fixed C.
+constexpr int64_t kCausalBlock = 128;
+
+// Zeroes the entries above the diagonal of a square [c, c] block whose rows are contiguous.
+void zero_above_diagonal(torch::Tensor& block) {
+  AT_DISPATCH_FLOATING_TYPES(block.scalar_type(), "zero_above_diagonal", [&] {
+    scalar_t* rows = block.data_ptr<scalar_t>();
+    const int64_t size = block.size(0), stride = block.stride(0);
+    for (int64_t i = 0; i + 1 < size; ++i) std::fill(rows + i * stride + i + 1, rows + i * stride + size, scalar_t(0));
+  });
+}
+
+// Causal [N | D] for each of the N matrices: block b's rows are phi(Q_b) S_b + tril(phi(Q_b)
+// phi(K_b)^T) [V_b | 1], S_b = sum over earlier blocks of phi(K)^T [V | 1] (kept in `states`,
+// [N, blocks, m, dv + 1], for the backward).
+void causal_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& joined, torch::Tensor& products,
+                    torch::Tensor& states) {
+  const int64_t length = q.size(1), blocks = states.size(1);
+  at::parallel_for(0, q.size(0), 1, [&](int64_t begin, int64_t end) {
+    torch::Tensor scores = at::empty({kCausalBlock, kCausalBlock}, q.options());
+    for (int64_t n = begin; n < end; ++n) {
+      torch::Tensor state = at::zeros({q.size(2), joined.size(2)}, q.options());
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t first = b * kCausalBlock, rows = std::min(kCausalBlock, length - first);
+        const torch::Tensor qb = q[n].narrow(0, first, rows), kb = k[n].narrow(0, first, rows);
+        const torch::Tensor vb = joined[n].narrow(0, first, rows);
+        torch::Tensor out = products[n].narrow(0, first, rows), w = scores.narrow(0, 0, rows).narrow(1, 0, rows);
+        states[n][b].copy_(state);
+        kernels::mm_into(out, qb, state);
+        kernels::mm_into(w, qb, kb.t());
+        zero_above_diagonal(w);
+        kernels::mm_into(out, w, vb, 1.0f);
+        kernels::mm_into(state, kb.t(), vb, 1.0f);
+      }
+    }
+  });
+}
+
+struct CausalGradients {
+  torch::Tensor dq, dk, djoined;
+};
+
+// The causal forward's gradients from d[N | D] (`d_products`), blocks last to first, R the sum of
+// phi(Q_j)^T d[N | D]_j over the later blocks j (what S_b's gradient is):
+//   dQ_b = dP_b S_b^T + dW_b K_b,  dK_b = dW_b^T Q_b + [V | 1]_b R^T,  d[V | 1]_b = W_b^T dP_b + K_b R,
+// dW_b = tril(dP_b [V | 1]_b^T), W_b = tril(Q_b K_b^T).
+CausalGradients causal_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& joined,
+                                const torch::Tensor& states, const torch::Tensor& d_products) {
+  CausalGradients g{at::empty_like(q), at::empty_like(k), at::empty_like(joined)};
+  const int64_t length = q.size(1), blocks = states.size(1);
+  at::parallel_for(0, q.size(0), 1, [&](int64_t begin, int64_t end) {
+    torch::Tensor w = at::empty({kCausalBlock, kCausalBlock}, q.options()), dw = at::empty_like(w);
+    for (int64_t n = begin; n < end; ++n) {
+      torch::Tensor later = at::zeros({q.size(2), joined.size(2)}, q.options());  // R
+      for (int64_t b = blocks - 1; b >= 0; --b) {
+        const int64_t first = b * kCausalBlock, rows = std::min(kCausalBlock, length - first);
+        const torch::Tensor qb = q[n].narrow(0, first, rows), kb = k[n].narrow(0, first, rows);
+        const torch::Tensor vb = joined[n].narrow(0, first, rows), gb = d_products[n].narrow(0, first, rows);
+        torch::Tensor dqb = g.dq[n].narrow(0, first, rows), dkb = g.dk[n].narrow(0, first, rows);
+        torch::Tensor dvb = g.djoined[n].narrow(0, first, rows);
+        torch::Tensor wb = w.narrow(0, 0, rows).narrow(1, 0, rows), dwb = dw.narrow(0, 0, rows).narrow(1, 0, rows);
+        kernels::mm_into(wb, qb, kb.t());
+        zero_above_diagonal(wb);
+        kernels::mm_into(dwb, gb, vb.t());
+        zero_above_diagonal(dwb);
+        kernels::mm_into(dqb, gb, states[n][b].t());
+        kernels::mm_into(dqb, dwb, kb, 1.0f);
+        kernels::mm_into(dkb, dwb.t(), qb);
+        kernels::mm_into(dkb, vb, later.t(), 1.0f);
+        kernels::mm_into(dvb, wb.t(), gb);
+        kernels::mm_into(dvb, kb, later, 1.0f);
+        kernels::mm_into(later, qb.t(), gb, 1.0f);
+      }
+    }
+  });
+  return g;
+}
+
+torch::Tensor unfused_causal_contraction(const torch::Tensor& qf, const torch::Tensor& kf, const torch::Tensor& values) {
+  const torch::Tensor scores = torch::matmul(qf, kf.transpose(-2, -1)).tril();
+  const torch::Tensor normaliser = scores.sum(-1, /*keepdim=*/true);
+  return torch::matmul(scores, values) / normaliser.masked_fill(normaliser == 0, 1);
+}
+
 struct FavorContractionFunction : torch::autograd::Function<FavorContractionFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& qf, const torch::Tensor& kf,
-                               const torch::Tensor& values) {
-    const torch::Tensor q = batched(qf), k = batched(kf), joined = with_ones(batched(values));
-    const torch::Tensor states = kernels::bmm(k.transpose(1, 2), joined);  // [phi(K)^T V | sum_j phi(k_j)]
-    const torch::Tensor products = kernels::bmm(q, states);                // [N | D]
+                               const torch::Tensor& values, bool causal) {
+    const torch::Tensor q = batched(qf).contiguous(), k = batched(kf).contiguous(), joined = with_ones(batched(values));
+    torch::Tensor states, products;
+    if (causal) {
+      const int64_t blocks = (q.size(1) + kCausalBlock - 1) / kCausalBlock;
+      states = at::empty({q.size(0), blocks, q.size(2), joined.size(2)}, q.options());
+      products = at::empty({q.size(0), q.size(1), joined.size(2)}, q.options());
+      causal_forward(q, k, joined, products, states);
+    } else {
+      states = kernels::bmm(k.transpose(1, 2), joined);  // [phi(K)^T V | sum_j phi(k_j)]
+      products = kernels::bmm(q, states);                // [N | D]
+    }
     torch::Tensor out;
     AT_DISPATCH_FLOATING_TYPES(qf.scalar_type(), "favor_contraction", [&] { out = divided<scalar_t>(products); });
     ctx->save_for_backward({qf, kf, values, joined, states, products});
+    ctx->saved_data["causal"] = causal;
     std::vector<int64_t> sizes = qf.sizes().vec();
     sizes.back() = values.size(-1);
     return out.view(sizes);
@@ -489,25 +583,35 @@ struct FavorContractionFunction : torch::autograd::Function<FavorContractionFunc
                                                  torch::autograd::variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor &qf = saved[0], &kf = saved[1], &values = saved[2];
+    const bool causal = ctx->saved_data["causal"].toBool();
     if (at::GradMode::is_enabled()) {  // create_graph: LibTorch's ops, differentiable in turn
-      return gradients_of(unfused_contraction(qf, kf, values), {qf, kf, values}, grad_outputs[0]);
+      auto grads = gradients_of(causal ? unfused_causal_contraction(qf, kf, values) : unfused_contraction(qf, kf, values),
+                                {qf, kf, values}, grad_outputs[0]);
+      grads.emplace_back();
+      return grads;
     }
     const torch::Tensor &joined = saved[3], &states = saved[4], &products = saved[5];
     const torch::Tensor grad = batched(grad_outputs[0]).contiguous();
     torch::Tensor d_products;
     AT_DISPATCH_FLOATING_TYPES(qf.scalar_type(), "favor_contraction_backward",
                                [&] { d_products = products_gradient<scalar_t>(grad, products); });
-    const torch::Tensor q = batched(qf), k = batched(kf);
+    const torch::Tensor q = batched(qf).contiguous(), k = batched(kf).contiguous();
+    const int64_t value_dim = values.size(-1);
     torch::Tensor dq, dk, dv;
+    if (causal) {
+      const CausalGradients g = causal_backward(q, k, joined, states, d_products);
+      dq = g.dq.view(qf.sizes());
+      dk = g.dk.view(kf.sizes());
+      dv = g.djoined.narrow(-1, 0, value_dim).reshape(values.sizes());
+      return {dq, dk, dv, torch::Tensor()};
+    }
     if (ctx->needs_input_grad(0)) dq = kernels::bmm(d_products, states.transpose(1, 2)).view(qf.sizes());
     if (ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
       const torch::Tensor d_states = kernels::bmm(q.transpose(1, 2), d_products);
       if (ctx->needs_input_grad(1)) dk = kernels::bmm(joined, d_states.transpose(1, 2)).view(kf.sizes());
-      if (ctx->needs_input_grad(2)) {
-        dv = kernels::bmm(k, d_states.narrow(-1, 0, values.size(-1))).view(values.sizes());
-      }
+      if (ctx->needs_input_grad(2)) dv = kernels::bmm(k, d_states.narrow(-1, 0, value_dim)).view(values.sizes());
     }
-    return {dq, dk, dv};
+    return {dq, dk, dv, torch::Tensor()};
   }
 };
 
@@ -530,9 +634,14 @@ torch::Tensor favor_features(const torch::Tensor& x, const torch::Tensor& projec
 }
 
 torch::Tensor favor_contraction(const torch::Tensor& query_features, const torch::Tensor& key_features,
-                                const torch::Tensor& values) {
+                                const torch::Tensor& values, bool causal) {
   check_contraction(query_features, key_features, values);
-  return FavorContractionFunction::apply(query_features, key_features, values);
+  if (causal && key_features.size(-2) != query_features.size(-2)) {
+    throw UsageError("favor_contraction key_features",
+                     fmt::format("causal: as many keys as queries ({}), got {}", query_features.size(-2),
+                                 key_features.size(-2)));
+  }
+  return FavorContractionFunction::apply(query_features, key_features, values, causal);
 }
 
 }  // namespace afterburner::kernels

@@ -118,6 +118,19 @@ torch::Tensor bmm(const torch::Tensor& a, const torch::Tensor& b) {
   return c;
 }
 
+void mm_into(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, float beta) {
+  const bool rows_contiguous = c.dim() == 2 && c.stride(1) == 1 && c.stride(0) == c.size(1);
+  if (!onednn_suits(a, b) || !rows_contiguous || c.scalar_type() != torch::kFloat || autograd_records({a, b, c})) {
+    if (beta == 0.0f) {
+      at::mm_out(c, a, b);
+    } else {
+      c.mul_(beta).addmm_(a, b);
+    }
+    return;
+  }
+  onednn_gemm(a, b, beta, c);
+}
+
 torch::Tensor addmm(const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b) {
   const bool bias_suits = bias.dim() == 1 && bias.scalar_type() == torch::kFloat && bias.device().is_cpu();
   if (!bias_suits || !onednn_suits(a, b) || bias.size(0) != b.size(1) || autograd_records({bias, a, b})) {

@@ -18,10 +18,6 @@ namespace {
 
 using detail::shape;
 
-// Positions per block of the causal prefix sums: the block's [C, C] scores and one [m, dv + 1]
-// state per block are all that is kept, linear in L for a fixed C.
-constexpr int64_t kCausalBlock = 128;
-
 // The features attention uses: for softmax up to the factor m^-1/2, which cancels.
 torch::Tensor attention_features(const torch::Tensor& x, const torch::Tensor& projection, FeatureKernel kernel,
                                  bool is_query) {
@@ -30,28 +26,6 @@ torch::Tensor attention_features(const torch::Tensor& x, const torch::Tensor& pr
                               : is_query                    ? FavorFeatureMap::softmax_query
                                                             : FavorFeatureMap::softmax_key;
   return kernels::favor_features(x, projection, map);
-}
-
-// [B, H, L, m] query and key features against values [B, H, L, n] (L = S), causal: row i of the
-// result is phi(q_i) sum_{j <= i} phi(k_j)^T v_j. Blocks of C positions: within a block the
-// masked [C, C] products, across blocks the exclusive prefix sum of the blocks' phi(K)^T V.
-torch::Tensor causal_products(const torch::Tensor& qf, const torch::Tensor& kf, const torch::Tensor& values) {
-  const int64_t batch = qf.size(0), heads = qf.size(1), length = qf.size(2);
-  const int64_t block = std::min(kCausalBlock, length);
-  const int64_t blocks = (length + block - 1) / block;
-  const int64_t padding = blocks * block - length;  // zero features and values add nothing
-  auto blocked = [&](const torch::Tensor& t) {
-    const torch::Tensor padded = padding ? torch::constant_pad_nd(t, {0, 0, 0, padding}) : t;
-    return padded.reshape({batch, heads, blocks, block, t.size(-1)});
-  };
-  const torch::Tensor q = blocked(qf), k = blocked(kf), v = blocked(values);
-  const torch::Tensor states = torch::matmul(k.transpose(-2, -1), v);  // [B, H, N, m, n]
-  const torch::Tensor earlier = torch::cat(
-      {torch::zeros_like(states.narrow(2, 0, 1)), states.narrow(2, 0, blocks - 1).cumsum(2)}, 2);
-  const torch::Tensor within = torch::ones({block, block}, torch::dtype(torch::kBool)).tril();
-  const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)).masked_fill(within.logical_not(), 0);
-  const torch::Tensor result = torch::matmul(q, earlier) + torch::matmul(scores, v);  // [B, H, N, C, n]
-  return result.reshape({batch, heads, blocks * block, values.size(-1)}).narrow(2, 0, length);
 }
 
 void check_favor_shapes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -245,7 +219,7 @@ torch::Tensor favor_attention(const torch::Tensor& q, const torch::Tensor& k, co
                               const c10::optional<torch::Tensor>& query_keep,
                               const c10::optional<torch::Tensor>& key_keep) {
   check_favor_shapes(q, k, v, projection, causal);
-  const int64_t batch = q.size(0), keys = k.size(1), heads = q.size(2), value_dim = v.size(3);
+  const int64_t batch = q.size(0), keys = k.size(1), heads = q.size(2);
   check_keep(query_keep, batch, q.size(1), "query_keep");
   check_keep(key_keep, batch, keys, "key_keep");
   if (key_factors && !key_factors->sizes().equals({batch, keys, heads})) {
@@ -263,17 +237,7 @@ torch::Tensor favor_attention(const torch::Tensor& q, const torch::Tensor& k, co
   const torch::Tensor kf = kept(attention_features(heads_first(k), p, kernel, false), key_keep);  // [B, H, S, m]
   torch::Tensor values = heads_first(v);  // [B, H, S, dv]
   if (key_factors) values = values * key_factors->to(compute).transpose(1, 2).unsqueeze(-1);
-  torch::Tensor attended;
-  if (causal) {
-    const torch::Tensor ones = torch::ones({batch, heads, keys, 1}, values.options());
-    const torch::Tensor products = causal_products(qf, kf, torch::cat({values, ones}, -1));
-    torch::Tensor normaliser = products.narrow(-1, value_dim, 1);
-    if (query_keep || key_keep) normaliser = normaliser.masked_fill(normaliser == 0, 1);
-    attended = products.narrow(-1, 0, value_dim) / normaliser;
-  } else {
-    attended = kernels::favor_contraction(qf, kf, values);
-  }
-  return attended.transpose(1, 2).to(dtype);  // [B, L, H, dv]
+  return kernels::favor_contraction(qf, kf, values, causal).transpose(1, 2).to(dtype);  // [B, L, H, dv]
 }
 
 torch::Tensor rand_multihead_attention(const torch::Tensor& query, const torch::Tensor& key,

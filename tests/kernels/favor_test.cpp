@@ -1,8 +1,8 @@
 // kernels::favor_features and favor_contraction beyond the contract's random inputs
 // (invariants_test): maxima held by several positions (zero rows, whose features all tie, and
 // a whole (batch, head) of them) get amax's gradient, split evenly, in double against autograd of
-// LibTorch's ops; features and contraction over leading dimensions of any number; every key
-// masked gives zero rows; bad arguments are refused naming them.
+// LibTorch's ops; features over leading dimensions of any number; causal rows that read earlier
+// positions only; every key masked gives zero rows; bad arguments are refused naming them.
 #include "afterburner/kernels/favor.h"
 
 #include <gtest/gtest.h>
@@ -96,6 +96,29 @@ TEST(FavorFeatures, TakeAnyLeadingDimensionsAndNoGradMode) {
   }
 }
 
+// Causal: row i reads keys and values j <= i only, across the 128-position blocks and within them.
+TEST(FavorContraction, CausalRowsReadOnlyEarlierPositions) {
+  torch::manual_seed(5);
+  const torch::Tensor qf = torch::rand({2, 300, 6}, torch::kDouble).add_(0.1);
+  const torch::Tensor kf = torch::rand({2, 300, 6}, torch::kDouble).add_(0.1).requires_grad_();
+  const torch::Tensor v = torch::randn({2, 300, 3}, torch::kDouble).requires_grad_();
+  const torch::Tensor out = kernels::favor_contraction(qf, kf, v, /*causal=*/true);
+  for (const int64_t changed : {299, 200, 130, 127, 5}) {
+    const torch::Tensor later_v = v.detach().clone(), later_k = kf.detach().clone();
+    later_v.narrow(1, changed, 300 - changed).mul_(3).add_(1);
+    later_k.narrow(1, changed, 300 - changed).mul_(2);
+    const torch::Tensor again = kernels::favor_contraction(qf, later_k, later_v, true);
+    EXPECT_TRUE(torch::allclose(again.narrow(1, 0, changed), out.narrow(1, 0, changed).detach(), 1e-14, 1e-14))
+        << "rows before " << changed;
+    EXPECT_FALSE(torch::allclose(again.narrow(1, changed, 1), out.narrow(1, changed, 1).detach())) << changed;
+  }
+  // The gradient of the first 131 rows reaches no later key or value.
+  const auto grads = torch::autograd::grad({out.narrow(1, 0, 131).sum()}, {kf, v});
+  EXPECT_TRUE(torch::equal(grads[0].narrow(1, 131, 169), torch::zeros({2, 169, 6}, torch::kDouble)));
+  EXPECT_TRUE(torch::equal(grads[1].narrow(1, 131, 169), torch::zeros({2, 169, 3}, torch::kDouble)));
+  EXPECT_GT(grads[1].narrow(1, 0, 131).abs().sum().item<double>(), 0);
+}
+
 TEST(FavorContraction, EveryKeyMaskedGivesZeroRowsAndGradients) {
   const torch::Tensor qf = torch::rand({2, 4, 3}, torch::kDouble).add_(0.1).requires_grad_();
   const torch::Tensor kf = torch::zeros({2, 5, 3}, torch::kDouble).requires_grad_();
@@ -127,6 +150,7 @@ TEST(Favor, RefusesBadArgumentsNamingThem) {
   expect_refused([&] { kernels::favor_contraction(qf, torch::rand({3, 7, 16}), v); }, "favor_contraction key_features");
   expect_refused([&] { kernels::favor_contraction(qf, kf, torch::randn({2, 6, 4})); }, "favor_contraction values");
   expect_refused([&] { kernels::favor_contraction(qf.to(torch::kInt), kf, v); }, "favor_contraction query_features");
+  expect_refused([&] { kernels::favor_contraction(qf, kf, v, /*causal=*/true); }, "causal: as many keys as queries");
 }
 
 }  // namespace

@@ -474,14 +474,21 @@ OpCase favor_features_case(kernels::FavorFeatureMap map, const char* name) {
   return c;
 }
 
-// phi(Q) (phi(K)^T V) / phi(Q) sum_j phi(k_j), 0 where the normaliser is. Shapes {B, H, L, S, m,
-// dv, masked}: features |drawn| + 0.5 (features are positive), masked: query rows 0 and 3 and
-// key rows 1 and 2 set to 0 in every (batch, head), as padding masks do.
-OpCase favor_contraction_case() {
-  OpCase c{"favor_contraction", {P::fp32, P::fp64},
-           {{1, 1, 1, 1, 1, 1, 0}, {2, 3, 7, 5, 17, 8, 0}, {1, 2, 67, 70, 32, 16, 1}, {2, 1, 4, 3, 5, 3, 1}},
-           kMatrixLayouts,
-           [](Inputs& in, const Shape& s, Layout l) {
+// phi(Q) (phi(K)^T V) / phi(Q) sum_j phi(k_j), 0 where the normaliser is; causal, the sums over
+// j <= i. Shapes {B, H, L, S, m, dv, masked}: features |drawn| + 0.5 (features are positive),
+// masked: query rows 0 and 3 and key rows 1 and 2 set to 0 in every (batch, head), as padding
+// masks do. Causal shapes cross the kernel's 128-position blocks, with and without a tail; on
+// finite values only: a NaN or infinite value at position j reaches the rows before j in its
+// block of 128 (0 times NaN in the block's product), where the reference's [L, L] product
+// spreads it to every row and the definition (sums over j <= i) to none.
+OpCase favor_contraction_case(bool causal) {
+  const std::vector<Shape> shapes =
+      causal ? std::vector<Shape>{{1, 1, 1, 1, 3, 2, 0}, {2, 1, 7, 7, 5, 3, 1}, {1, 2, 130, 130, 9, 4, 1},
+                                  {1, 1, 256, 256, 16, 8, 0}, {1, 1, 300, 300, 8, 5, 0}}
+             : std::vector<Shape>{{1, 1, 1, 1, 1, 1, 0}, {2, 3, 7, 5, 17, 8, 0}, {1, 2, 67, 70, 32, 16, 1},
+                                  {2, 1, 4, 3, 5, 3, 1}};
+  OpCase c{causal ? "favor_contraction causal" : "favor_contraction", {P::fp32, P::fp64}, shapes, kMatrixLayouts,
+           [causal](Inputs& in, const Shape& s, Layout l) {
              const auto qf = in.random({s[0], s[1], s[2], s[4]}, l), kf = in.random({s[0], s[1], s[3], s[4]}, l),
                         v = in.random({s[0], s[1], s[3], s[5]}, l);
              const auto dtype = in.dtype();
@@ -496,16 +503,18 @@ OpCase favor_contraction_case() {
              auto features = [=] { return std::make_pair((qf.abs() + 0.5) * query_keep, (kf.abs() + 0.5) * key_keep); };
              return Trial{[=] {
                             const auto [q, k] = features();
-                            return kernels::favor_contraction(q, k, v);
+                            return kernels::favor_contraction(q, k, v, causal);
                           },
                           [=] {
                             const auto [q, k] = features();
-                            const torch::Tensor normaliser = torch::matmul(q, k.sum(-2).unsqueeze(-1));
-                            return torch::matmul(q, torch::matmul(k.transpose(-2, -1), v)) /
-                                   normaliser.masked_fill(normaliser == 0, 1);
+                            torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1));
+                            if (causal) scores = scores.tril();
+                            const torch::Tensor normaliser = scores.sum(-1, true);
+                            return torch::matmul(scores, v) / normaliser.masked_fill(normaliser == 0, 1);
                           }};
            }};
   c.tolerance = fp32_tolerance({1e-5, 1e-5});
+  if (causal) c.values = {Values::finite};
   return c;
 }
 
@@ -559,7 +568,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
                                            favor_features_case(kernels::FavorFeatureMap::relu, "favor_features relu"),
                                            second_order_of(favor_features_case(kernels::FavorFeatureMap::softmax_key,
                                                                                "favor_features softmax key")),
-                                           favor_contraction_case(), second_order_of(favor_contraction_case()),
+                                           favor_contraction_case(false), second_order_of(favor_contraction_case(false)),
+                                           favor_contraction_case(true), second_order_of(favor_contraction_case(true)),
                                            second_order_of(attention_case(), {{2, 3, 7, 5, 8, 1, 0, 0},
                                                                               {1, 1, 67, 131, 8, 1, 1, 0},
                                                                               {2, 2, 17, 17, 8, 1, 0, 1}})),

@@ -2,7 +2,8 @@
 // backward passes of their own: the feature maps phi(x) (one GEMM and one pass over its
 // result, forward and backward) and the non-causal contraction phi(Q) (phi(K)^T V) / phi(Q)
 // sum_j phi(k_j) (two GEMMs forward, four backward, the normaliser carried as an extra column of
-// ones beside V so that no matrix-vector product is left). RandMultiHeadAttention
+// ones beside V so that no matrix-vector product is left; causal, by prefix states over blocks).
+// RandMultiHeadAttention
 // (sketch/rand_attention.h) is made of them.
 //
 //   namespace kernels = afterburner::kernels;
@@ -32,9 +33,11 @@ enum class FavorFeatureMap { softmax_query, softmax_key, relu };
 torch::Tensor favor_features(const torch::Tensor& x, const torch::Tensor& projection, FavorFeatureMap map);
 
 // query_features [..., L, m], key_features [..., S, m], values [..., S, dv] -> [..., L, dv]:
-// row i is phi(q_i) (phi(K)^T V) / (phi(q_i) . sum_j phi(k_j)); a row whose normaliser is 0
-// (its features, or all the keys', masked to 0) is 0.
+// row i is phi(q_i) (phi(K)^T V) / (phi(q_i) . sum_j phi(k_j)), the sums over every key, or with
+// `causal` (S = L) over keys j <= i: in blocks of 128 positions, the masked [128, 128] products
+// within a block and one [m, dv + 1] prefix state per block, never [L, m, dv] per position. A row
+// whose normaliser is 0 (its features, or all the keys', masked to 0) is 0.
 torch::Tensor favor_contraction(const torch::Tensor& query_features, const torch::Tensor& key_features,
-                                const torch::Tensor& values);
+                                const torch::Tensor& values, bool causal = false);
 
 }  // namespace afterburner::kernels

@@ -24,6 +24,10 @@ torch::Tensor mm(const torch::Tensor& a, const torch::Tensor& b);
 // a [B, M, K] times b [B, K, N]: one GEMM per matrix, into one output.
 torch::Tensor bmm(const torch::Tensor& a, const torch::Tensor& b);
 
+// c = beta c + a b into c [M, N] (contiguous rows), for kernels that fill slices of their own
+// outputs: oneDNN for fp32, at::mm_out / addmm_ otherwise.
+void mm_into(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, float beta = 0.0f);
+
 // bias [N] added to every row of a [M, K] times b [K, N].
 torch::Tensor addmm(const torch::Tensor& bias, const torch::Tensor& a, const torch::Tensor& b);
 

@@ -1,8 +1,7 @@
 // RandMultiHeadAttention: multi-head attention with the softmax kernel replaced by random features
 // (Performer's FAVOR+, as Panther's panther.nn.RandMultiHeadAttention), linear in the sequence
-// length in time and memory. Its feature maps and non-causal contraction are fused kernels with
-// backward passes of their own (kernels/favor.h); the causal prefix sums run in blocks of 128
-// positions on LibTorch's ops.
+// length in time and memory. Its feature maps and contractions (causal too, by prefix states over
+// blocks of 128 positions) are fused kernels with backward passes of their own (kernels/favor.h).
 //
 //   namespace sketch = afterburner::sketch;
 //   sketch::RandMultiHeadAttention attention(sketch::RandMultiHeadAttentionOptions(256, 4, 128).causal(true));
