@@ -137,8 +137,9 @@ Command add_sketch_command(CLI::App& app) {
                                  "instead of --rank: the largest rank whose weights stay within this fraction "
                                  "of each layer's, in (0, 1)");
   auto* layers = sub->add_option("--layers", args->layers,
-                                 "per-layer sketches overriding --rank/--budget: NAME=L:k or NAME=keep, "
-                                 "comma-separated (names as this command prints them)");
+                                 "per-layer sketches overriding --rank/--budget/--attention-features: NAME=L:k, "
+                                 "NAME=m:M (an attention) or NAME=keep, comma-separated (names as this command "
+                                 "prints them)");
   auto* features = sub->add_option("--attention-features", args->attention_features,
                                    "random features per head (m) in place of each nn.MultiheadAttention's softmax "
                                    "(Performer's FAVOR+, the same weights); without it attention stays exact; with "

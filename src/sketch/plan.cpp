@@ -52,7 +52,7 @@ int64_t parse_count(const std::string& text, const std::string& field, const std
     end = 0;
   }
   if (end == 0 || end != text.size() || value < 1) {
-    throw UsageError(field, fmt::format("'{}': expected NAME=L:k or NAME=keep with L and k at least 1", item));
+    throw UsageError(field, fmt::format("'{}': expected NAME=L:k, NAME=m:M or NAME=keep with L, k and M at least 1", item));
   }
   return value;
 }
@@ -68,14 +68,15 @@ LayerSketches parse_layer_sketches(const std::string& spec, const std::string& f
     start = comma + 1;
     if (item.empty()) continue;
     const std::size_t equals = item.find('=');
-    if (equals == 0 || equals == std::string::npos) {
-      throw UsageError(field, fmt::format("'{}': expected NAME=L:k or NAME=keep", item));
-    }
+    const std::string expected = fmt::format("'{}': expected NAME=L:k, NAME=m:M or NAME=keep", item);
+    if (equals == 0 || equals == std::string::npos) throw UsageError(field, expected);
     const std::string name = item.substr(0, equals), value = item.substr(equals + 1);
     LayerSketch sketch;
-    if (value != "keep") {
-      const std::size_t colon = value.find(':');
-      if (colon == std::string::npos) throw UsageError(field, fmt::format("'{}': expected NAME=L:k or NAME=keep", item));
+    const std::size_t colon = value.find(':');
+    if (value.rfind("m:", 0) == 0) {
+      sketch.features = parse_count(value.substr(2), field, item);
+    } else if (value != "keep") {
+      if (colon == std::string::npos) throw UsageError(field, expected);
       sketch.terms = parse_count(value.substr(0, colon), field, item);
       sketch.rank = parse_count(value.substr(colon + 1), field, item);
     }
@@ -87,7 +88,11 @@ LayerSketches parse_layer_sketches(const std::string& spec, const std::string& f
 std::string format_layer_sketches(const LayerSketches& layers) {
   std::vector<std::string> items;
   for (const auto& [name, sketch] : layers) {
-    items.push_back(sketch.rank == 0 ? name + "=keep" : fmt::format("{}={}:{}", name, sketch.terms, sketch.rank));
+    if (sketch.features > 0) {
+      items.push_back(fmt::format("{}=m:{}", name, sketch.features));
+    } else {
+      items.push_back(sketch.rank == 0 ? name + "=keep" : fmt::format("{}={}:{}", name, sketch.terms, sketch.rank));
+    }
   }
   return fmt::format("{}", fmt::join(items, ","));
 }
@@ -100,14 +105,16 @@ void check_config(const SketchConfig& c) {
     throw UsageError("sketch attention features", fmt::format("must be at least 1, got {}", c.attention_features()));
   }
   for (const auto& [name, sketch] : c.layers()) {
-    if (sketch.terms < 1 || sketch.rank < 0) {
-      throw UsageError("sketch layers", fmt::format("{}: L must be at least 1 and k at least 0, got L {} k {}", name,
-                                                    sketch.terms, sketch.rank));
+    if (sketch.terms < 1 || sketch.rank < 0 || sketch.features < 0) {
+      throw UsageError("sketch layers", fmt::format("{}: L must be at least 1, k and m at least 0, got L {} k {} m {}",
+                                                    name, sketch.terms, sketch.rank, sketch.features));
     }
   }
-  const bool sketches_attention_alone = c.rank() == 0 && c.budget() == 0.0 && c.attention_features() > 0;
+  // Attention features alone, or layers of their own alone: no model-wide rank or budget needed.
+  const bool sketches_attention_alone =
+      c.rank() == 0 && c.budget() == 0.0 && (c.attention_features() > 0 || !c.layers().empty());
   if (c.rank() == 0 && !sketches_attention_alone && !(c.budget() > 0.0 && c.budget() < 1.0)) {
-    throw UsageError("sketch budget", c.budget() == 0.0 ? "give a rank or a budget (or attention features alone)"
+    throw UsageError("sketch budget", c.budget() == 0.0 ? "give a rank or a budget (or attention features, or layers, alone)"
                                                         : fmt::format("must be in (0, 1), got {}", c.budget()));
   }
 }
@@ -139,11 +146,11 @@ LayerPlan plan_layer(const SketchConfig& config, std::string name, LayerKind kin
   const auto own = config.layers().find(plan.name);
   const bool per_layer = own != config.layers().end();
   if (per_layer && own->second.rank == 0) {
-    plan.kept_because = "kept by the per-layer plan";
+    plan.kept_because = "kept by the per-layer plan";  // also a Linear or Conv2d given m features
     return plan;
   }
   if (!per_layer && config.rank() == 0 && config.budget() == 0.0) {
-    plan.kept_because = "no rank or budget given (attention sketched alone)";
+    plan.kept_because = "no model-wide rank or budget given";
     return plan;
   }
   const int64_t terms = per_layer ? own->second.terms : config.terms();
@@ -176,12 +183,16 @@ LayerPlan plan_attention(const SketchConfig& config, std::string name, int64_t e
   plan.num_heads = num_heads;
   plan.dense_params = 4 * embed_dim * embed_dim + (has_bias ? 4 * embed_dim : 0);  // in_proj and out_proj
   plan.sketched_params = plan.dense_params;  // the same weights as Wq, Wk, Wv, W0 (and biases)
+  const auto own = config.layers().find(plan.name);
+  const int64_t features = own != config.layers().end() ? own->second.features : config.attention_features();
   if (!unsupported.empty()) {
     plan.kept_because = std::move(unsupported);
-  } else if (config.attention_features() == 0) {
+  } else if (own != config.layers().end() && features == 0) {
+    plan.kept_because = "kept by the per-layer plan";
+  } else if (features == 0) {
     plan.kept_because = "exact attention kept (no number of random features given)";
   } else {
-    plan.random_features = config.attention_features();
+    plan.random_features = features;
   }
   return plan;
 }

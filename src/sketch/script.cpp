@@ -361,7 +361,7 @@ jit::Module scripted_sketch(const Candidate& candidate, const SketchConfig& conf
   const auto dtype = dense.weight.scalar_type();
   if (dense.kind == LayerKind::attention) {
     const int64_t embed_dim = dense.weight.size(1);
-    RandMultiHeadAttention layer(RandMultiHeadAttentionOptions(embed_dim, dense.num_heads, config.attention_features())
+    RandMultiHeadAttention layer(RandMultiHeadAttentionOptions(embed_dim, dense.num_heads, candidate.plan.random_features)
                                      .dropout(dense.dropout)
                                      .bias(dense.bias.defined())
                                      .kernel(config.attention_kernel()));

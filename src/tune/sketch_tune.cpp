@@ -61,8 +61,12 @@ std::string plan_name(const SketchPlan& plan) {
   if (plan.attention_features > 0) parts.push_back(fmt::format("m {}", plan.attention_features));
   std::string name = fmt::format("{}", fmt::join(parts, " "));
   for (const auto& [layer, sketch] : plan.per_layer) {
-    name += sketch.terms == plan.terms ? fmt::format(", {} at k {}", layer, sketch.rank)
-                                       : fmt::format(", {} at L {} k {}", layer, sketch.terms, sketch.rank);
+    if (sketch.features > 0) {
+      name += fmt::format(", {} at m {}", layer, sketch.features);
+    } else {
+      name += sketch.terms == plan.terms ? fmt::format(", {} at k {}", layer, sketch.rank)
+                                         : fmt::format(", {} at L {} k {}", layer, sketch.terms, sketch.rank);
+    }
   }
   return name;
 }
@@ -82,11 +86,11 @@ sketch::SketchConfig file_sketch(const SketchPlan& plan, sketch::FeatureKernel k
       .layers(plan.per_layer);
 }
 
-// The next rank below `rank` in the searched ones, or 0.
-int64_t next_smaller_rank(const std::vector<int64_t>& ranks, int64_t rank) {
+// The next value below `value` among the searched ones (ranks k, or features m), or 0.
+int64_t next_smaller(const std::vector<int64_t>& searched, int64_t value) {
   int64_t smaller = 0;
-  for (const int64_t r : ranks) {
-    if (r < rank) smaller = std::max(smaller, r);
+  for (const int64_t v : searched) {
+    if (v < value) smaller = std::max(smaller, v);
   }
   return smaller;
 }
@@ -400,20 +404,23 @@ class SketchSearch {
     if (low < order.size()) choose(order[low]);
   }
 
-  // The chosen plan with one layer at the next smaller rank, measured; nullopt where there is no
-  // smaller rank, the layer's sketch at it costs more than the layer, or it is not faster.
+  // The chosen plan with one layer at the next smaller rank (an attention at the next smaller
+  // number of features), measured; nullopt where there is none, the layer's sketch at it costs
+  // more than the layer, or it is not faster.
   std::optional<SketchPlan> stepped_down(const SketchPlan& base, const sketch::LayerPlan& layer) {
-    const int64_t rank = next_smaller_rank(options_.ranks(), layer.rank);
-    if (rank == 0) return std::nullopt;
+    const bool attention = layer.kind == sketch::LayerKind::attention;
+    const int64_t smaller = attention ? next_smaller(options_.attention_features(), layer.random_features)
+                                      : next_smaller(options_.ranks(), layer.rank);
+    if (smaller == 0) return std::nullopt;
     SketchPlan plan;
     plan.terms = base.terms;
     plan.rank = base.rank;
     plan.attention_features = base.attention_features;
     plan.per_layer = base.per_layer;
-    plan.per_layer[layer.name] = sketch::LayerSketch{layer.terms, rank};
+    plan.per_layer[layer.name] = attention ? sketch::LayerSketch{1, 0, smaller} : sketch::LayerSketch{layer.terms, smaller};
     plan = measured_plan(plan);
     const bool stepped = std::any_of(plan.layer_plans.begin(), plan.layer_plans.end(), [&](const sketch::LayerPlan& p) {
-      return p.name == layer.name && p.rank == rank;
+      return p.name == layer.name && (attention ? p.random_features : p.rank) == smaller;
     });
     if (!stepped || plan.samples_per_sec < kPerLayerMargin * base.samples_per_sec) return std::nullopt;
     const bool trained_already = std::any_of(result_.plans.begin(), result_.plans.end(), [&](const SketchPlan& other) {
@@ -432,7 +439,7 @@ class SketchSearch {
       const SketchPlan base = result_.plans[*result_.chosen];
       std::vector<SketchPlan> steps;
       for (const auto& layer : base.layer_plans) {
-        if (!layer.replaced() || layer.kind == sketch::LayerKind::attention) continue;
+        if (!layer.replaced()) continue;
         if (stopped()) return;
         if (auto step = stepped_down(base, layer)) steps.push_back(std::move(*step));
       }

@@ -162,15 +162,15 @@ def sketched(tmp_path, model, *arguments):
 
 
 def reference_of(model, file, kernel_fn="softmax"):
-    """`model` in double, each nn.MultiheadAttention replaced by ReferencePerformer with the
-    projection `file` holds at the same path."""
+    """`model` in double, each nn.MultiheadAttention that `file` replaced by ReferencePerformer
+    with the projection `file` holds at the same path (those it kept stay exact)."""
     reference = copy.deepcopy(model).double()
+    buffers = dict(file.named_buffers())
     for name, module in list(reference.named_modules()):
-        if isinstance(module, nn.MultiheadAttention):
+        if isinstance(module, nn.MultiheadAttention) and name + ".projection_matrix" in buffers:
             parent_name, _, child = name.rpartition(".")
             parent = reference.get_submodule(parent_name)
-            projection = dict(file.named_buffers())[name + ".projection_matrix"]
-            setattr(parent, child, ReferencePerformer(module, projection, kernel_fn))
+            setattr(parent, child, ReferencePerformer(module, buffers[name + ".projection_matrix"], kernel_fn))
     return reference
 
 
@@ -269,6 +269,27 @@ def test_vision_transformer_from_torchvision(tmp_path):
     assert_same_twice(file, (images,), reference_of(model, file)(images.double()))
 
 
+def test_attention_layers_of_their_own_number_of_features(tmp_path):
+    torch.manual_seed(6)
+    model = Encoder().eval()
+    file, report = sketched(tmp_path, model, "--layers", "encoder.layers.0.self_attn=m:8")
+    assert "encoder.layers.0.self_attn (MultiheadAttention, embed_dim 32, 4 heads): 8 random features per head" in report
+    assert f"encoder.layers.1.self_attn (MultiheadAttention, embed_dim 32, 4 heads): {FEATURES} random features" in report
+    buffers = dict(file.named_buffers())
+    assert buffers["encoder.layers.0.self_attn.projection_matrix"].shape == (8, 8)
+    assert buffers["encoder.layers.1.self_attn.projection_matrix"].shape == (FEATURES, 8)
+    x = torch.randn(3, 11, 32)
+    assert_same_twice(file, (x,), reference_of(model, file)(x.double()))
+    # One of two layers of one TorchScript class kept: the other is kept too, and says why.
+    torch.jit.script(model).save(str(tmp_path / "dense.pt"))
+    done = run_sketch(tmp_path / "dense.pt", tmp_path / "kept.pt", "--layers", "encoder.layers.1.self_attn=keep")
+    assert done.returncode == 1 and "no layer was sketched" in done.stderr
+    assert "encoder.layers.0.self_attn (MultiheadAttention, embed_dim 32, 4 heads) kept: it shares its TorchScript " \
+           "class with encoder.layers.1.self_attn, which is kept" in done.stdout
+    assert "encoder.layers.1.self_attn (MultiheadAttention, embed_dim 32, 4 heads) kept: kept by the per-layer plan" \
+           in done.stdout
+
+
 def test_bf16_autocast_runs_the_sketched_file_close_to_fp32_and_trains(tmp_path):
     torch.manual_seed(4)
     file, _ = sketched(tmp_path, vision_transformer().eval())
@@ -305,8 +326,8 @@ def test_masks_random_features_cannot_hold_are_one_error_naming_the_mask(tmp_pat
         file(x, x, bias)
 
 
-def run_sketch(source, out):
-    return subprocess.run([BINARY, "sketch", str(source), "-o", str(out), "--attention-features", "8"],
+def run_sketch(source, out, *arguments):
+    return subprocess.run([BINARY, "sketch", str(source), "-o", str(out), "--attention-features", "8", *arguments],
                           capture_output=True, text=True)
 
 

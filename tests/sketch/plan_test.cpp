@@ -45,18 +45,27 @@ TEST(SketchPlan, PerLayerSketchesOverrideTheModelWideOne) {
                            .kept_because,
                        "would not save"));
   EXPECT_THROW(check_config(SketchConfig().rank(8).layers({{"fc1", {0, 8}}})), UsageError);
+  EXPECT_NO_THROW(check_config(SketchConfig().layers({{"fc1", {1, 8}}})));  // layers alone, no model-wide rank
+  // Attention layers take m of their own, or are kept; the others take the model-wide m.
+  const SketchConfig attention = SketchConfig().attention_features(64).layers({{"a", {1, 0, 16}}, {"b", {1, 0, 0}}});
+  EXPECT_EQ(plan_attention(attention, "a", 32, 4, true).random_features, 16);
+  EXPECT_EQ(plan_attention(attention, "b", 32, 4, true).kept_because, "kept by the per-layer plan");
+  EXPECT_EQ(plan_attention(attention, "c", 32, 4, true).random_features, 64);
+  EXPECT_EQ(plan_attention(SketchConfig().rank(8).layers({{"a", {1, 0, 16}}}), "a", 32, 4, true).random_features, 16);
 }
 
 TEST(SketchPlan, LayerSketchesParseAndFormatBothWays) {
-  const LayerSketches layers = parse_layer_sketches("fc1=2:32,features.3=keep,,0=1:8");
-  ASSERT_EQ(layers.size(), 3u);
+  const LayerSketches layers = parse_layer_sketches("fc1=2:32,features.3=keep,,0=1:8,enc.attn=m:64");
+  ASSERT_EQ(layers.size(), 4u);
   EXPECT_EQ(layers.at("fc1"), (LayerSketch{2, 32}));
   EXPECT_EQ(layers.at("features.3"), (LayerSketch{1, 0}));
   EXPECT_EQ(layers.at("0"), (LayerSketch{1, 8}));
-  EXPECT_EQ(format_layer_sketches(layers), "0=1:8,fc1=2:32,features.3=keep");
+  EXPECT_EQ(layers.at("enc.attn"), (LayerSketch{1, 0, 64}));
+  EXPECT_EQ(format_layer_sketches(layers), "0=1:8,enc.attn=m:64,fc1=2:32,features.3=keep");
   EXPECT_EQ(parse_layer_sketches(format_layer_sketches(layers)), layers);
   EXPECT_TRUE(parse_layer_sketches("").empty());
-  for (const char* bad : {"fc1", "=1:8", "fc1=8", "fc1=0:8", "fc1=1:0", "fc1=1:x", "fc1=1:8,fc1=keep", "fc1=1:8:2"}) {
+  for (const char* bad : {"fc1", "=1:8", "fc1=8", "fc1=0:8", "fc1=1:0", "fc1=1:x", "fc1=1:8,fc1=keep", "fc1=1:8:2",
+                          "a=m:0", "a=m:", "a=m:8x"}) {
     try {
       parse_layer_sketches(bad, "sketch_layers");
       ADD_FAILURE() << bad << " accepted";
@@ -109,7 +118,7 @@ TEST(SketchPlan, AttentionKeepsItsWeightsAndIsReplacedOnlyGivenFeatures) {
   EXPECT_EQ(describe(traced), "attn (MultiheadAttention, embed_dim 16) kept: a traced forward");
   // Features alone: Linear layers are kept, attention replaced.
   EXPECT_EQ(plan_layer(SketchConfig().attention_features(8), "fc", LayerKind::linear, {64, 64}, true).kept_because,
-            "no rank or budget given (attention sketched alone)");
+            "no model-wide rank or budget given");
   plan.keep("its class is shared");
   EXPECT_FALSE(plan.replaced());
   EXPECT_EQ(plan.random_features, 0);

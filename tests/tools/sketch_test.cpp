@@ -83,7 +83,7 @@ TEST_F(CliSketch, TrainSketchesLayersAsTheirOwnSketchesSay) {
   expect_python_agrees(exported, dir_ / "io.pt");
 
   EXPECT_TRUE(fails_with(train({{"--model", "mlp"}, {"--sketch", ""}, {"--sketch-layers", "3=2"}}), 2,
-                         {"--sketch-layers: '3=2': expected NAME=L:k or NAME=keep"}));
+                         {"--sketch-layers: '3=2': expected NAME=L:k, NAME=m:M or NAME=keep"}));
   EXPECT_TRUE(fails_with(train({{"--model", "mlp"}, {"--sketch-layers", "3=keep"}}), 2, {"--sketch-layers: needs --sketch"}));
 }
 
@@ -140,7 +140,7 @@ TEST_F(CliSketch, BadInputGetsOneErrorLineAndWritesNothing) {
   EXPECT_TRUE(fails_with(run_cli({"sketch", dense.string(), "-o", out.string(), "--rank", "8,16"}), 2,
                          {"--rank: takes one number (a list with --tune only)"}));
   EXPECT_TRUE(fails_with(run_cli({"sketch", dense.string(), "-o", out.string(), "--rank", "8", "--layers", "layer1"}), 2,
-                         {"--layers: 'layer1': expected NAME=L:k or NAME=keep"}));
+                         {"--layers: 'layer1': expected NAME=L:k, NAME=m:M or NAME=keep"}));
   EXPECT_FALSE(std::filesystem::exists(out));
 
   const auto frozen = dir_ / "mlp-opt.pt";

@@ -18,17 +18,21 @@
 
 namespace afterburner::sketch {
 
-// One layer's sketch, overriding the model-wide one: L terms of rank k, or the layer kept (k 0).
+// One layer's sketch, overriding the model-wide one: a Linear or Conv2d at L terms of rank k, an
+// attention at m random features, or the layer kept (k and m 0).
 struct LayerSketch {
-  int64_t terms = 1, rank = 0;
-  bool operator==(const LayerSketch& other) const { return terms == other.terms && rank == other.rank; }
+  int64_t terms = 1, rank = 0, features = 0;
+  bool operator==(const LayerSketch& other) const {
+    return terms == other.terms && rank == other.rank && features == other.features;
+  }
 };
 
 // Per-layer sketches by layer path ("fc1", "features.3").
 using LayerSketches = std::map<std::string, LayerSketch>;
 
-// "0=2:32,features.3=keep" -> {"0": L 2 k 32, "features.3": kept}; the inverse of
-// format_layer_sketches. Throws UsageError naming `field` for anything else.
+// "0=2:32,features.3=keep,encoder.attn=m:64" -> {"0": L 2 k 32, "features.3": kept,
+// "encoder.attn": m 64}; the inverse of format_layer_sketches. Throws UsageError naming `field`
+// for anything else.
 LayerSketches parse_layer_sketches(const std::string& spec, const std::string& field = "--sketch-layers");
 std::string format_layer_sketches(const LayerSketches& layers);
 

@@ -5,8 +5,8 @@
 // where it will run (frozen for inference, at a batch size), then plans are trained with the
 // user's recipe, fastest first, in a binary search for the fastest one whose accuracy on a
 // validation split held out of the training set reaches the target; then, layer by layer, the
-// chosen plan's ranks step down where that measures faster and still reaches it. Speed decides
-// by measurement, not by FLOPs; training decides accuracy.
+// chosen plan's ranks (and attentions' numbers of features) step down where that measures faster
+// and still reaches it. Speed decides by measurement, not by FLOPs; training decides accuracy.
 //
 //   afterburner::train::TrainConfig recipe;   // the user's training options
 //   recipe.model = "mlp";
@@ -48,8 +48,9 @@ struct SketchTuneOptions {
   TORCH_ARG(std::vector<int64_t>, attention_features) = std::vector<int64_t>{32, 64, 128};
   TORCH_ARG(sketch::FeatureKernel, attention_kernel) = sketch::FeatureKernel::softmax;
   // After the model-wide plans: one layer at a time, the chosen plan with that layer at the next
-  // smaller rank, where it measures faster, trained, and kept when it still reaches the target;
-  // again from each plan kept, until no layer's step down is faster and accurate enough.
+  // smaller rank (an attention at the next smaller m), where it measures faster, trained, and
+  // kept when it still reaches the target; again from each plan kept, until no layer's step down
+  // is faster and accurate enough.
   TORCH_ARG(bool, per_layer) = true;
   TORCH_ARG(int64_t, batch_size) = 64;        // the inference batch speeds are measured at
   TORCH_ARG(double, measure_seconds) = 0.5;   // per model and speed measurement
