@@ -40,7 +40,7 @@ bool onednn_suits(const torch::Tensor& a, const torch::Tensor& b) {
   return fp32_matrix(a) && fp32_matrix(b) && a.size(1) == b.size(0) && a.numel() > 0 && b.numel() > 0;
 }
 
-// c [M, N] (contiguous) = a b + beta c.
+// c [M, N] (rows contiguous, c.stride(0) apart) = a b + beta c.
 void onednn_gemm(const torch::Tensor& a, const torch::Tensor& b, float beta, torch::Tensor& c) {
   // A copy with the strides of a fresh tensor: contiguous() hands back a [1, 1] view of any strides.
   auto readable = [](const torch::Tensor& t) { return as_operand(t) ? t : t.clone(at::MemoryFormat::Contiguous); };
@@ -48,7 +48,7 @@ void onednn_gemm(const torch::Tensor& a, const torch::Tensor& b, float beta, tor
   const Operand lhs = *as_operand(a_read), rhs = *as_operand(b_read);
   const dnnl_status_t status =
       dnnl_sgemm(lhs.transpose, rhs.transpose, a.size(0), b.size(1), a.size(1), 1.0f, lhs.data, lhs.leading_dimension,
-                 rhs.data, rhs.leading_dimension, beta, c.data_ptr<float>(), c.size(1));
+                 rhs.data, rhs.leading_dimension, beta, c.data_ptr<float>(), c.stride(0));
   if (status != dnnl_success) throw Error("oneDNN sgemm failed with status " + std::to_string(status));
 }
 
@@ -119,7 +119,7 @@ torch::Tensor bmm(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 void mm_into(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, float beta) {
-  const bool rows_contiguous = c.dim() == 2 && c.stride(1) == 1 && c.stride(0) == c.size(1);
+  const bool rows_contiguous = c.dim() == 2 && c.stride(1) == 1 && c.stride(0) >= std::max<int64_t>(c.size(1), 1);
   if (!onednn_suits(a, b) || !rows_contiguous || c.scalar_type() != torch::kFloat || autograd_records({a, b, c})) {
     if (beta == 0.0f) {
       at::mm_out(c, a, b);

@@ -24,8 +24,8 @@ torch::Tensor mm(const torch::Tensor& a, const torch::Tensor& b);
 // a [B, M, K] times b [B, K, N]: one GEMM per matrix, into one output.
 torch::Tensor bmm(const torch::Tensor& a, const torch::Tensor& b);
 
-// c = beta c + a b into c [M, N] (contiguous rows), for kernels that fill slices of their own
-// outputs: oneDNN for fp32, at::mm_out / addmm_ otherwise.
+// c = beta c + a b into c [M, N] (rows contiguous, any distance apart), for kernels that fill
+// slices of their own outputs: oneDNN for fp32, at::mm_out / addmm_ otherwise.
 void mm_into(torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, float beta = 0.0f);
 
 // bias [N] added to every row of a [M, K] times b [K, N].
