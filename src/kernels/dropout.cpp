@@ -1,5 +1,7 @@
 #include "afterburner/kernels/dropout.h"
 
+#include "dropout_noise.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/MT19937RNGEngine.h>
 
@@ -73,16 +75,11 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void keep_wh
   }
 }
 
-// `noise` (contiguous; Bits of its element size) filled as noise.bernoulli_(keep).div_(keep)
-// fills it from the engine: 1 / keep where kept, as div_ computes it, else 0.
+// out[i] = kept where bernoulli_(keep) keeps element i, else 0, for `count` elements drawn from
+// `engine` as that call draws them.
 template <typename Bits>
-void fill_noise(torch::Tensor& noise, double keep, at::mt19937_data_pod& engine) {
-  const torch::Tensor one = at::ones({1}, noise.options()).div_(keep);
-  Bits kept;
-  std::memcpy(&kept, one.data_ptr(), sizeof kept);
+void fill_kept(Bits* out, int64_t count, double keep, Bits kept, at::mt19937_data_pod& engine) {
   const uint64_t threshold = static_cast<uint64_t>(std::ceil(std::ldexp(keep, 53)));
-  Bits* out = static_cast<Bits*>(noise.data_ptr());
-  const int64_t count = noise.numel();
   std::vector<uint32_t> draws(2 * std::min(count, kElementsPerPass));
   for (int64_t start = 0; start < count; start += kElementsPerPass) {
     const int64_t n = std::min(kElementsPerPass, count - start);
@@ -91,20 +88,39 @@ void fill_noise(torch::Tensor& noise, double keep, at::mt19937_data_pod& engine)
   }
 }
 
-// noise.bernoulli_(keep).div_(keep) from the default CPU generator, which is left where
-// bernoulli_ leaves it.
-void noise_from_default_generator(torch::Tensor& noise, double keep) {
+// fill(engine) on the default CPU generator's engine, under its lock, leaving the generator where
+// the draws leave it.
+template <typename Fill>
+void draw_from_default_generator(const Fill& fill) {
   auto* generator = at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator());
   const std::lock_guard<std::mutex> lock(generator->mutex_);
   at::mt19937_data_pod engine = generator->engine().data();
-  switch (noise.element_size()) {
-    case 2: fill_noise<uint16_t>(noise, keep, engine); break;
-    case 4: fill_noise<uint32_t>(noise, keep, engine); break;
-    default: fill_noise<uint64_t>(noise, keep, engine);
-  }
+  fill(engine);
   at::mt19937 advanced;
   advanced.set_data(engine);
   generator->set_engine(advanced);
+}
+
+// `noise` (contiguous; Bits of its element size) filled as noise.bernoulli_(keep).div_(keep)
+// fills it: 1 / keep where kept, as div_ computes it, else 0.
+template <typename Bits>
+void fill_noise(torch::Tensor& noise, double keep, at::mt19937_data_pod& engine) {
+  const torch::Tensor one = dropout_kept_value(noise.scalar_type(), keep);
+  Bits kept;
+  std::memcpy(&kept, one.data_ptr(), sizeof kept);
+  fill_kept(static_cast<Bits*>(noise.data_ptr()), noise.numel(), keep, kept, engine);
+}
+
+// noise.bernoulli_(keep).div_(keep) from the default CPU generator, which is left where
+// bernoulli_ leaves it.
+void noise_from_default_generator(torch::Tensor& noise, double keep) {
+  draw_from_default_generator([&](at::mt19937_data_pod& engine) {
+    switch (noise.element_size()) {
+      case 2: fill_noise<uint16_t>(noise, keep, engine); break;
+      case 4: fill_noise<uint32_t>(noise, keep, engine); break;
+      default: fill_noise<uint64_t>(noise, keep, engine);
+    }
+  });
 }
 
 bool drawn_here(const torch::Tensor& x, double p, bool train) {
@@ -114,6 +130,18 @@ bool drawn_here(const torch::Tensor& x, double p, bool train) {
 }
 
 }  // namespace
+
+torch::Tensor dropout_kept_value(at::ScalarType dtype, double keep) {
+  return at::ones({1}, at::TensorOptions().dtype(dtype)).div_(keep);
+}
+
+torch::Tensor dropout_keep_flags(at::IntArrayRef sizes, double keep) {
+  torch::Tensor flags = at::empty(sizes, at::kByte);
+  draw_from_default_generator([&](at::mt19937_data_pod& engine) {
+    fill_kept<uint8_t>(flags.data_ptr<uint8_t>(), flags.numel(), keep, 1, engine);
+  });
+  return flags;
+}
 
 torch::Tensor dropout(const torch::Tensor& x, double p, bool train) {
   if (!drawn_here(x, p, train)) return at::dropout(x, p, train);

@@ -11,6 +11,7 @@
 #include "afterburner/core/error.h"
 #include "afterburner/kernels/gemm.h"
 #include "exp_nonpositive.h"
+#include "gradients_of.h"
 #include "simd.h"
 
 namespace afterburner::kernels {
@@ -48,22 +49,6 @@ void check_dtype(const torch::Tensor& t, const char* field) {
   if (t.scalar_type() != torch::kFloat && t.scalar_type() != torch::kDouble) {
     throw UsageError(field, fmt::format("expected float or double, got {}", c10::toString(t.scalar_type())));
   }
-}
-
-// d(output . grad)/d(each input) as a graph of its own (create_graph), undefined for inputs that
-// do not require grad.
-torch::autograd::variable_list gradients_of(const torch::Tensor& output, const torch::autograd::variable_list& inputs,
-                                            const torch::Tensor& grad) {
-  torch::autograd::variable_list differentiable;
-  for (const auto& input : inputs) {
-    if (input.requires_grad()) differentiable.push_back(input);
-  }
-  const auto grads = torch::autograd::grad({output}, differentiable, {grad}, /*retain_graph=*/true,
-                                           /*create_graph=*/true, /*allow_unused=*/true);
-  torch::autograd::variable_list result;
-  std::size_t next = 0;
-  for (const auto& input : inputs) result.push_back(input.requires_grad() ? grads[next++] : torch::Tensor());
-  return result;
 }
 
 // ---- lane helpers: float on 16 lanes, double one value at a time (its exp is libm's) ----

@@ -290,6 +290,52 @@ void ops_onto_ours(std::shared_ptr<jit::Graph>& graph) {
   layer_norms_onto_ours(graph);
 }
 
+// The only node reading `value`, if exactly one does.
+jit::Node* sole_reader(const jit::Value* value) {
+  return value->uses().size() == 1 ? value->uses()[0].user : nullptr;
+}
+
+// A sketched linear layer (afterburner::sklinear or sklinear_factored, whose last three arguments
+// are relu, dropout and train) without an epilogue, followed by relu and/or afterburner::dropout
+// that alone read its output: those become its epilogue (kernels/low_rank.h, the same bits), the
+// layer moved to where the dropout was, so that the dropout's arguments are computed before it.
+// Returns how many layers took an epilogue.
+int fuse_sketched_epilogues(jit::Block* block) {
+  static const std::unordered_set<std::string> kinds{"afterburner::sklinear", "afterburner::sklinear_factored"};
+  int fused = 0;
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    jit::Node* node = *it++;
+    for (jit::Block* inner : node->blocks()) fused += fuse_sketched_epilogues(inner);
+    if (!kinds.count(node->kind().toQualString())) continue;
+    const size_t relu_at = node->inputs().size() - 3, dropout_at = relu_at + 1, train_at = relu_at + 2;
+    const c10::optional<bool> relu = jit::constant_as<bool>(node->input(relu_at));
+    const c10::optional<double> p = jit::constant_as<double>(node->input(dropout_at));
+    if (!relu || *relu || !p || *p != 0.0) continue;
+    jit::Node* next = sole_reader(node->output());
+    bool took = false;
+    if (next && (next->kind() == c10::aten::relu || next->kind() == c10::aten::relu_)) {
+      jit::WithInsertPoint insert_point(node);
+      node->replaceInput(relu_at, block->owningGraph()->insertConstant(true));
+      next->output()->replaceAllUsesWith(node->output());
+      if (it != block->nodes().end() && *it == next) ++it;
+      next->destroy();
+      next = sole_reader(node->output());
+      took = true;
+    }
+    if (next && next->kind().toQualString() == std::string("afterburner::dropout") && next->owningBlock() == block) {
+      node->moveBefore(next);
+      node->replaceInput(dropout_at, next->input(1));
+      node->replaceInput(train_at, next->input(2));
+      next->output()->replaceAllUsesWith(node->output());
+      if (it != block->nodes().end() && *it == next) ++it;
+      next->destroy();
+      took = true;
+    }
+    fused += took;
+  }
+  return fused;
+}
+
 // Inlines `graph` (submodules' forwards become part of it, so patterns span them) and rewrites
 // its fusable patterns in place, saying what it fused and what it left.
 void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fused,
@@ -318,6 +364,9 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
     rewrite(graph, *pattern);
   }
   fuse_add_activations(graph);
+  if (const int n = fuse_sketched_epilogues(graph->block())) {
+    fused.push_back(fmt::format("{} x sketched linear + relu/dropout", n));
+  }
   if (attention.fused) fused.push_back(fmt::format("{} x multi-head attention", attention.fused));
   notices.insert(notices.end(), attention.notices.begin(), attention.notices.end());
   using Kind = std::pair<const char*, const char*>;

@@ -68,8 +68,9 @@ torch::Tensor layer_norm_op(const torch::Tensor& x, at::IntArrayRef normalized_s
 }
 
 torch::Tensor low_rank_linear_op(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
-                                 const c10::optional<torch::Tensor>& bias, double scale) {
-  return low_rank_linear(x, a, b, or_undefined(bias), scale);
+                                 const c10::optional<torch::Tensor>& bias, double scale, bool relu, double dropout,
+                                 bool train) {
+  return low_rank_linear(x, a, b, or_undefined(bias), scale, LowRankEpilogue().relu(relu).dropout(dropout).train(train));
 }
 
 void sgd_step_op(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
@@ -148,8 +149,10 @@ TORCH_LIBRARY(afterburner, m) {
   // mean over rows of -log_softmax(logits)[row, target[row]], as cross_entropy(logits, target).
   m.def("cross_entropy(Tensor logits, Tensor target) -> Tensor");
   register_kernels<cross_entropy>(m, "cross_entropy");
-  // scale (x a) b + bias: the two GEMMs of a sketched layer.
-  m.def("low_rank_linear(Tensor x, Tensor a, Tensor b, Tensor? bias=None, float scale=1.0) -> Tensor");
+  // scale (x a) b + bias: the two GEMMs of a sketched layer; then relu where asked, then dropout
+  // with probability `dropout` in training, in the same node.
+  m.def("low_rank_linear(Tensor x, Tensor a, Tensor b, Tensor? bias=None, float scale=1.0, bool relu=False, "
+        "float dropout=0.0, bool train=False) -> Tensor");
   register_kernels<low_rank_linear_op>(m, "low_rank_linear");
   // (softmax(query key^T * scale + attn_mask) * dropout_mask) value, as torch 2.x's
   // scaled_dot_product_attention with its dropout's noise given: bool masks true = attend,

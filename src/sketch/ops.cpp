@@ -14,8 +14,9 @@ namespace {
 
 torch::Tensor sketched_linear_op(const torch::Tensor& input, const torch::Tensor& S1s, const torch::Tensor& S2s,
                                  const torch::Tensor& U1s, const torch::Tensor& U2s,
-                                 const c10::optional<torch::Tensor>& bias) {
-  return sketched_linear(input, S1s, S2s, U1s, U2s, bias.value_or(torch::Tensor()));
+                                 const c10::optional<torch::Tensor>& bias, bool relu, double dropout, bool train) {
+  return sketched_linear(input, S1s, S2s, U1s, U2s, bias.value_or(torch::Tensor()),
+                         kernels::LowRankEpilogue().relu(relu).dropout(dropout).train(train));
 }
 
 std::tuple<torch::Tensor, torch::Tensor, double> sklinear_factors_op(const torch::Tensor& S1s, const torch::Tensor& S2s,
@@ -26,8 +27,10 @@ std::tuple<torch::Tensor, torch::Tensor, double> sklinear_factors_op(const torch
 
 torch::Tensor sketched_linear_factored_op(const torch::Tensor& input, const torch::Tensor& first,
                                           const torch::Tensor& second, double scale,
-                                          const c10::optional<torch::Tensor>& bias) {
-  return sketched_linear(input, SKLinearFactors{first, second, scale}, bias.value_or(torch::Tensor()));
+                                          const c10::optional<torch::Tensor>& bias, bool relu, double dropout,
+                                          bool train) {
+  return sketched_linear(input, SKLinearFactors{first, second, scale}, bias.value_or(torch::Tensor()),
+                         kernels::LowRankEpilogue().relu(relu).dropout(dropout).train(train));
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> initial_sklinear_op(
@@ -97,15 +100,18 @@ torch::Tensor orthogonal_random_features_op(int64_t num_random_features, int64_t
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(afterburner, m) {
-  // 1/(2L) sum_i [(x S1s[i]) U1s[i] + (x U2s[i]) S2s[i]] + bias, as two GEMMs (SKLinear's forward).
-  m.def("sklinear(Tensor input, Tensor S1s, Tensor S2s, Tensor U1s, Tensor U2s, Tensor? bias=None) -> Tensor",
+  // 1/(2L) sum_i [(x S1s[i]) U1s[i] + (x U2s[i]) S2s[i]] + bias, as two GEMMs (SKLinear's forward);
+  // then relu where asked, then dropout with probability `dropout` in training, in the same node.
+  m.def("sklinear(Tensor input, Tensor S1s, Tensor S2s, Tensor U1s, Tensor U2s, Tensor? bias=None, bool relu=False, "
+        "float dropout=0.0, bool train=False) -> Tensor",
         sketched_linear_op);
   // The same in two steps, for a layer whose S1s and S2s do not change between calls (inference):
   // its GEMM operands first [in, w] and second [w, out] and the scale 1/(2L), made once, then
   // scale (input first) second + bias on each call.
   m.def("sklinear_factors(Tensor S1s, Tensor S2s, Tensor U1s, Tensor U2s) -> (Tensor, Tensor, float)",
         sklinear_factors_op);
-  m.def("sklinear_factored(Tensor input, Tensor first, Tensor second, float scale, Tensor? bias=None) -> Tensor",
+  m.def("sklinear_factored(Tensor input, Tensor first, Tensor second, float scale, Tensor? bias=None, "
+        "bool relu=False, float dropout=0.0, bool train=False) -> Tensor",
         sketched_linear_factored_op);
   // SKLinear's initial tensors: S1s, S2s, U1s, U2s and bias (None without one), from W_init
   // ([out_features, in_features], torch.nn.Linear's layout) or from torch.nn.Linear's draw.

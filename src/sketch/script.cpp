@@ -38,7 +38,8 @@ def forward(self, x):
     first = torch.cat([self.S1s.permute([1, 0, 2]).reshape([-1, columns]),
                        self.U2s.permute([1, 0, 2]).reshape([-1, columns])], 1)
     second = torch.cat([self.U1s.reshape([columns, -1]), self.S2s.reshape([columns, -1])], 0) * (0.5 / terms)
-    return torch.matmul(torch.matmul(x, first), second){bias}
+    y = torch.matmul(torch.matmul(x, first), second){bias}
+    return {epilogue}
 )";
 
 // U1s [2L, k, C_out] becomes the weight [C_out, 2Lk, 1, 1] of a 1x1 convolution mixing the
@@ -62,6 +63,15 @@ def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: O
                                               self.projection_matrix, self.num_heads, self.kernel_fn, self.dropout,
                                               self.training)
     return out, None
+)";
+
+// sketch::RandMultiHeadAttention's own call, for C++ models that hold one (the zoo's performer):
+// batch-first query, key and value in, the output out.
+const char* const kRandAttentionForward = R"(
+def forward(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+    return afterburner.rand_mha(query, key, value, self.Wq, self.Wk, self.Wv, self.W0, {bq}, {bk}, {bv}, {b0},
+                                self.projection_matrix, self.num_heads, self.kernel_fn, self.causal, self.dropout,
+                                self.training)
 )";
 
 // Attributes of nn.MultiheadAttention's configuration its replacement holds too (ScriptedLayers
@@ -97,7 +107,12 @@ class ScriptedLayers {
   jit::Module make(const SKLinearImpl& layer, bool training) {
     NamedTensors parameters{{"S1s", layer.S1s}, {"S2s", layer.S2s}};
     if (layer.bias.defined()) parameters.emplace_back("bias", layer.bias);
-    const std::string source = fmt::format(kLinearForward, fmt::arg("bias", layer.bias.defined() ? " + self.bias" : ""));
+    // The layer's ReLU and dropout (SKLinearOptions), as torch.relu and torch.dropout.
+    const auto& o = layer.options;
+    std::string epilogue = o.relu() ? "torch.relu(y)" : "y";
+    if (o.dropout() > 0) epilogue = fmt::format("torch.dropout({}, {}, self.training)", epilogue, o.dropout());
+    const std::string source = fmt::format(kLinearForward, fmt::arg("bias", layer.bias.defined() ? " + self.bias" : ""),
+                                           fmt::arg("epilogue", epilogue));
     return make("SKLinear", source, parameters, {{"U1s", layer.U1s}, {"U2s", layer.U2s}}, training);
   }
 
@@ -112,17 +127,22 @@ class ScriptedLayers {
     return make("SKConv2d", source, parameters, {{"U1s", layer.U1s}}, training);
   }
 
-  jit::Module make(const RandMultiHeadAttentionImpl& layer, bool batch_first, bool training) {
+  // As nn.MultiheadAttention's replacement (kAttentionForward), or with its own call (`native`,
+  // kRandAttentionForward).
+  jit::Module make(const RandMultiHeadAttentionImpl& layer, bool batch_first, bool training, bool native = false) {
     const bool bias = layer.options.bias();
     NamedTensors parameters{{"Wq", layer.Wq}, {"Wk", layer.Wk}, {"Wv", layer.Wv}, {"W0", layer.W0}};
     if (bias) parameters.insert(parameters.end(), {{"bq", layer.bq}, {"bk", layer.bk}, {"bv", layer.bv}, {"b0", layer.b0}});
     auto bias_of = [&](const char* name) { return bias ? fmt::format("self.{}", name) : std::string("None"); };
-    const std::string source = fmt::format(kAttentionForward, fmt::arg("bq", bias_of("bq")), fmt::arg("bk", bias_of("bk")),
-                                           fmt::arg("bv", bias_of("bv")), fmt::arg("b0", bias_of("b0")));
+    const std::string source =
+        fmt::format(native ? kRandAttentionForward : kAttentionForward, fmt::arg("bq", bias_of("bq")),
+                    fmt::arg("bk", bias_of("bk")), fmt::arg("bv", bias_of("bv")), fmt::arg("b0", bias_of("b0")));
     const auto& o = layer.options;  // kAttentionAttributes, and the feature map
+    NamedValues attributes{{"embed_dim", o.embed_dim()}, {"num_heads", o.num_heads()}, {"batch_first", batch_first},
+                           {"dropout", o.dropout()}, {"_qkv_same_embed_dim", true}, {"kernel_fn", to_string(o.kernel())}};
+    if (native) attributes.emplace_back("causal", o.causal());
     return make("RandMultiHeadAttention", source, parameters, {{"projection_matrix", layer.projection_matrix}}, training,
-                {{"embed_dim", o.embed_dim()}, {"num_heads", o.num_heads()}, {"batch_first", batch_first},
-                 {"dropout", o.dropout()}, {"_qkv_same_embed_dim", true}, {"kernel_fn", to_string(o.kernel())}});
+                attributes);
   }
 
  private:
@@ -456,6 +476,10 @@ jit::Module script_layer(const SKLinearImpl& layer, const std::shared_ptr<jit::C
 
 jit::Module script_layer(const SKConv2dImpl& layer, const std::shared_ptr<jit::CompilationUnit>& unit) {
   return ScriptedLayers(unit).make(layer, layer.is_training());
+}
+
+jit::Module script_layer(const RandMultiHeadAttentionImpl& layer, const std::shared_ptr<jit::CompilationUnit>& unit) {
+  return ScriptedLayers(unit).make(layer, /*batch_first=*/true, layer.is_training(), /*native=*/true);
 }
 
 SketchReport sketch_script(jit::Module& model, const SketchConfig& config) {

@@ -1,6 +1,9 @@
 #include "afterburner/sketch/sequential.h"
 
+#include <fmt/format.h>
+#include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 
 #include <variant>
@@ -92,7 +95,50 @@ class Sketcher {
   SketchReport& report_;
 };
 
+template <typename Impl>
+bool is(const nn::AnyModule& layer) {
+  return std::dynamic_pointer_cast<Impl>(layer.ptr()) != nullptr;
+}
+
 }  // namespace
+
+FusedEpilogues fuse_epilogues(const nn::Sequential& model) {
+  FusedEpilogues out;
+  const std::vector<nn::AnyModule> layers(model->begin(), model->end());
+  const auto names = model->named_children().keys();
+  for (size_t i = 0; i < layers.size();) {
+    const auto sketched = std::dynamic_pointer_cast<SKLinearImpl>(layers[i].ptr());
+    if (!sketched || sketched->options.relu() || sketched->options.dropout() > 0) {
+      out.model->push_back(names[i], layers[i]);
+      ++i;
+      continue;
+    }
+    // A copy sharing every tensor (the Module's copy keeps the same parameters and buffers).
+    auto fused = std::make_shared<SKLinearImpl>(*sketched);
+    std::string what = "SKLinear";
+    size_t next = i + 1;
+    if (next < layers.size() && is<nn::ReLUImpl>(layers[next])) {
+      fused->options.relu(true);
+      what += " + ReLU";
+      ++next;
+    }
+    if (next < layers.size() && is<nn::DropoutImpl>(layers[next])) {
+      fused->options.dropout(std::dynamic_pointer_cast<nn::DropoutImpl>(layers[next].ptr())->options.p());
+      what += " + Dropout";
+      ++next;
+    }
+    if (next == i + 1) {
+      out.model->push_back(names[i], layers[i]);
+      ++i;
+      continue;
+    }
+    out.model->push_back(names[i], nn::AnyModule(SKLinear(fused)));
+    for (size_t j = i + 1; j < next; ++j) out.model->push_back(names[j], nn::AnyModule(nn::Identity()));
+    out.fused.push_back(fmt::format("layers {}-{}: {}", names[i], names[next - 1], what));
+    i = next;
+  }
+  return out;
+}
 
 SketchedSequential sketch_sequential(const nn::Sequential& model, const SketchConfig& config) {
   check_config(config);

@@ -114,18 +114,20 @@ SKLinearFactors sklinear_factors(const torch::Tensor& S1s, const torch::Tensor& 
           1.0 / (2.0 * static_cast<double>(terms))};
 }
 
-torch::Tensor sketched_linear(const torch::Tensor& input, const SKLinearFactors& factors, const torch::Tensor& bias) {
+torch::Tensor sketched_linear(const torch::Tensor& input, const SKLinearFactors& factors, const torch::Tensor& bias,
+                              const kernels::LowRankEpilogue& epilogue) {
   check_factored_operands(input, factors, bias);
   const torch::Tensor rows = input.reshape({-1, factors.first.size(0)});
-  torch::Tensor y = kernels::low_rank_linear(rows, factors.first, factors.second, bias, factors.scale);
+  torch::Tensor y = kernels::low_rank_linear(rows, factors.first, factors.second, bias, factors.scale, epilogue);
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.back() = factors.second.size(1);
   return y.view(sizes);
 }
 
 torch::Tensor sketched_linear(const torch::Tensor& input, const torch::Tensor& S1s, const torch::Tensor& S2s,
-                              const torch::Tensor& U1s, const torch::Tensor& U2s, const torch::Tensor& bias) {
-  return sketched_linear(input, sklinear_factors(S1s, S2s, U1s, U2s), bias);
+                              const torch::Tensor& U1s, const torch::Tensor& U2s, const torch::Tensor& bias,
+                              const kernels::LowRankEpilogue& epilogue) {
+  return sketched_linear(input, sklinear_factors(S1s, S2s, U1s, U2s), bias, epilogue);
 }
 
 SKLinearImpl::SKLinearImpl(const SKLinearOptions& options, const torch::Tensor& dense_weight)
@@ -135,6 +137,9 @@ SKLinearImpl::SKLinearImpl(const SKLinearOptions& options, const torch::Tensor& 
 }
 
 void SKLinearImpl::reset() {
+  if (!(options.dropout() >= 0 && options.dropout() <= 1)) {
+    throw UsageError("SKLinear dropout", fmt::format("must be between 0 and 1, got {}", options.dropout()));
+  }
   const SKLinearTensors tensors = initial_sklinear_tensors(options, dense_weight_);
   U1s = register_buffer("U1s", tensors.U1s);
   U2s = register_buffer("U2s", tensors.U2s);
@@ -165,13 +170,15 @@ struct SKLinearImpl::KeptFactors {
 };
 
 torch::Tensor SKLinearImpl::forward(const torch::Tensor& input) {
+  const auto epilogue =
+      kernels::LowRankEpilogue().relu(options.relu()).dropout(options.dropout()).train(is_training());
   const bool needs_gradient = torch::GradMode::is_enabled() && (S1s.requires_grad() || S2s.requires_grad());
   std::vector<torch::Tensor> sources = KeptFactors::sources_of(*this);
   // Inference tensors keep no version counter: their changes cannot be seen.
   const bool versioned = std::none_of(sources.begin(), sources.end(), [](const torch::Tensor& t) { return t.is_inference(); });
   if (needs_gradient || !versioned) {
     std::atomic_store(&kept_, std::shared_ptr<KeptFactors>());  // training: free them
-    return sketched_linear(input, S1s, S2s, U1s, U2s, bias);
+    return sketched_linear(input, S1s, S2s, U1s, U2s, bias, epilogue);
   }
   // Calls from several threads each see whole factors (shared_ptr's atomic access).
   std::shared_ptr<KeptFactors> kept = std::atomic_load(&kept_);
@@ -186,13 +193,16 @@ torch::Tensor SKLinearImpl::forward(const torch::Tensor& input) {
     kept->sources = std::move(sources);
     std::atomic_store(&kept_, kept);
   }
-  return sketched_linear(input, kept->factors, bias);
+  return sketched_linear(input, kept->factors, bias, epilogue);
 }
 
 void SKLinearImpl::pretty_print(std::ostream& stream) const {
-  stream << fmt::format("afterburner::sketch::SKLinear(in_features={}, out_features={}, terms={}, rank={}, bias={})",
+  stream << fmt::format("afterburner::sketch::SKLinear(in_features={}, out_features={}, terms={}, rank={}, bias={}",
                         options.in_features(), options.out_features(), options.terms(), options.rank(),
                         options.bias());
+  if (options.relu()) stream << ", relu=true";
+  if (options.dropout() > 0) stream << fmt::format(", dropout={}", options.dropout());
+  stream << ")";
 }
 
 }  // namespace afterburner::sketch

@@ -455,7 +455,7 @@ Model TrainingSession::Parts::zoo_model(const TrainConfig& config, const Trainin
   }
   torch::nn::Sequential trained = model;
   if (config.fuse) {
-    auto fused = kernels::fuse(model);
+    auto fused = kernels::fuse(config.sketch ? sketch::fuse_epilogues(model).model : model);
     for (const auto& notice : fused.notices) fmt::print(stderr, "afterburner: {}\n", notice);
     trained = fused.model;
   }

@@ -390,6 +390,35 @@ OpCase low_rank_case() {
           }};
 }
 
+// Shapes {M, K, R, N, has bias, relu, dropout}: the epilogue against LibTorch's relu and dropout
+// after the two products, both drawing dropout's noise from the default generator seeded alike.
+OpCase low_rank_epilogue_case() {
+  return {"low_rank_linear with relu and dropout",
+          {P::fp32, P::bf16, P::autocast_bf16},
+          {{13, 17, 2, 11, 1, 1, 1}, {1, 7, 3, 5, 1, 1, 0}, {6, 20, 5, 1, 1, 0, 1}, {4, 1, 1, 3, 0, 1, 1}},
+          kMatrixLayouts,
+          [](Inputs& in, const Shape& s, Layout l) {
+            constexpr double kScale = 0.37, kP = 0.3;
+            constexpr uint64_t kSeed = 19;
+            const auto x = in.random({s[0], s[1]}, l), a = in.random({s[1], s[2]}, l), b = in.random({s[2], s[3]}, l);
+            const auto bias = s[4] ? in.random({s[3]}, l) : torch::Tensor();
+            const bool relu = s[5] != 0, dropout = s[6] != 0;
+            return Trial{[=] {
+                           torch::manual_seed(kSeed);
+                           return kernels::low_rank_linear(
+                               x, a, b, bias, kScale,
+                               kernels::LowRankEpilogue().relu(relu).dropout(dropout ? kP : 0.0).train(true));
+                         },
+                         [=] {
+                           torch::manual_seed(kSeed);
+                           const auto projected = torch::mm(x, a) * kScale;
+                           auto z = bias.defined() ? torch::addmm(bias, projected, b) : torch::mm(projected, b);
+                           if (relu) z = torch::relu(z);
+                           return dropout ? torch::dropout(z, kP, true) : z;
+                         }};
+          }};
+}
+
 // softmax(q k^T * scale + mask) v in LibTorch's unfused ops, torch 2.x's way (bool and causal
 // masks become 0 / -inf and are added), computed in fp32 on the values the op reads (bf16 inputs,
 // or under autocast the inputs rounded to bf16) with the result in the op's dtype: the kernel's
@@ -556,7 +585,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, KernelContract,
                                            small_image_conv_case(), relu_max_pool_case(),
                                            relu_max_pool_overlapping_case(), relu_max_pool_module_case(),
                                            differentiated_twice(cross_entropy_case()),
-                                           differentiated_twice(low_rank_case()), fuse_case(),
+                                           differentiated_twice(low_rank_case()),
+                                           differentiated_twice(low_rank_epilogue_case()), fuse_case(),
                                            gelu_case(), second_order_of(gelu_case()), layer_norm_case(),
                                            add_relu_case(), second_order_of(add_relu_case()), add_silu_case(),
                                            second_order_of(add_silu_case()),

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import afterburner.jit
 from afterburner import nn as abnn
 
 
@@ -303,3 +304,74 @@ def test_fuse_says_what_it_leaves_unfused():
     assert report.notices == ["0-1: Conv2d + ReLU left unfused: padding_mode 'reflect' (only zeros)",
                               "2-3: ReLU + MaxPool2d left unfused: return_indices=True"]
     assert type(model[0]) is torch.nn.Conv2d and type(model[3]) is torch.nn.MaxPool2d
+
+
+def same_bits(a, b):
+    return a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan()) and \
+        torch.equal(a.nan_to_num(0.0).view(torch.int32 if a.dtype == torch.float32 else torch.int16),
+                    b.nan_to_num(0.0).view(torch.int32 if b.dtype == torch.float32 else torch.int16))
+
+
+class SketchedMLP(torch.nn.Module):
+    """A user's sketched MLP: SKLinear, ReLU and Dropout in a Sequential, a custom forward around it."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Flatten(), abnn.SKLinear(784, 200, num_terms=1, low_rank=16),
+                                        torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                        abnn.SKLinear(200, 100, num_terms=2, low_rank=8), torch.nn.Dropout(0.1),
+                                        abnn.SKLinear(100, 64, num_terms=1, low_rank=4, bias=False), torch.nn.ReLU())
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+@pytest.mark.parametrize("batch", [1, 7, 256])
+def test_sklinear_relu_and_dropout_options_equal_torch_layers_after_it(batch):
+    torch.manual_seed(0)
+    plain = abnn.SKLinear(96, 50, num_terms=2, low_rank=6)
+    fused = copy.deepcopy(plain)
+    fused.relu, fused.dropout = True, 0.3
+    assert "relu=True, dropout=0.3" in repr(fused)
+    x = torch.randn(batch, 3, 96)
+    x[0, 0, 4] = float("nan")
+    for module in (fused, torch.jit.script(fused)):
+        for training in (True, False, True):  # twice in training: other masks, still equal
+            module.train(training)
+            plain.train(training)
+            torch.manual_seed(training + 10)
+            ours = module(x)
+            torch.manual_seed(training + 10)
+            theirs = F.dropout(F.relu(plain(x)), 0.3, training)
+            assert same_bits(ours, theirs)
+    with pytest.raises(ValueError, match="SKLinear dropout: must be between 0 and 1, got 1.5"):
+        abnn.SKLinear(96, 50, num_terms=2, low_rank=6, dropout=1.5)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_fuse_and_jit_fuse_put_relu_and_dropout_into_sklinear(autocast):
+    torch.manual_seed(1)
+    reference = SketchedMLP()
+    model = copy.deepcopy(reference)
+    report = abnn.fuse(model)
+    assert report.fused == ["body.1-3: SKLinear + ReLU + Dropout", "body.4-5: SKLinear + Dropout",
+                            "body.6-7: SKLinear + ReLU"]
+    assert list(model.state_dict()) == list(reference.state_dict())
+    assert model.body[1].relu and model.body[1].dropout == 0.3 and model.body[4].dropout == 0.1
+    scripted, jit_report = afterburner.jit.fuse(torch.jit.script(copy.deepcopy(reference)))
+    assert "3 x sketched linear + relu/dropout" in jit_report.fused
+    x = torch.randn(33, 1, 28, 28)
+    outputs, grads = [], []
+    for net in (reference, model, scripted):
+        torch.manual_seed(2)
+        with torch.autocast("cpu", enabled=autocast):
+            y = net(x)
+        y.float().square().sum().backward()
+        outputs.append(y)
+        grads.append([p.grad.clone() for p in net.parameters()])
+        net.zero_grad()
+    assert same_bits(outputs[1], outputs[0]) and same_bits(outputs[2], outputs[0])
+    for fused_grads in grads[1:]:
+        for got, want in zip(fused_grads, grads[0]):
+            assert same_bits(got, want)

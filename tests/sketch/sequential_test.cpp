@@ -1,5 +1,6 @@
 // sketch_sequential: which layers of a C++ Sequential it replaces, that the replacements start
-// from the dense weights, and that the result trains and round-trips through torch::save.
+// from the dense weights, and that the result trains and round-trips through torch::save;
+// fuse_epilogues: SKLinear + ReLU + Dropout as one layer over the same tensors, the same values.
 #include "afterburner/sketch/sequential.h"
 
 #include <gtest/gtest.h>
@@ -81,6 +82,56 @@ TEST(SketchSequential, ABadConfigNamesTheField) {
   EXPECT_TRUE(Contains(afterburner::testing::error_message<UsageError>(
                            [] { sketch_sequential(small_cnn(), SketchConfig().terms(0).rank(2)); }),
                        "sketch terms: must be at least 1, got 0"));
+}
+
+TEST(FuseEpilogues, SKLinearWithReluAndDropoutGivesTheSameValuesOverTheSameTensors) {
+  torch::manual_seed(4);
+  nn::Sequential model(nn::Flatten(), SKLinear(SKLinearOptions(48, 40).terms(2).rank(3)), nn::ReLU(),
+                       nn::Dropout(0.25), SKLinear(SKLinearOptions(40, 30).rank(4)), nn::Dropout(0.5),
+                       SKLinear(SKLinearOptions(30, 20).rank(2)), nn::ReLU(), nn::Linear(20, 10));
+  FusedEpilogues fused = fuse_epilogues(model);
+  ASSERT_EQ(fused.fused.size(), 3u);
+  EXPECT_EQ(fused.fused[0], "layers 1-3: SKLinear + ReLU + Dropout");
+  EXPECT_EQ(fused.fused[1], "layers 4-5: SKLinear + Dropout");
+  EXPECT_EQ(fused.fused[2], "layers 6-7: SKLinear + ReLU");
+  const auto first = std::dynamic_pointer_cast<SKLinearImpl>(fused.model->ptr(1));
+  ASSERT_TRUE(first);
+  EXPECT_TRUE(first->options.relu());
+  EXPECT_EQ(first->options.dropout(), 0.25);
+  EXPECT_TRUE(fused.model[2]->as<nn::Identity>() && fused.model[3]->as<nn::Identity>());
+  // The same tensors under the same names: an optimizer of either trains both.
+  const auto ours = fused.model->named_parameters(), theirs = model->named_parameters();
+  ASSERT_EQ(ours.size(), theirs.size());
+  for (const auto& item : theirs) EXPECT_TRUE(ours[item.key()].is_same(item.value())) << item.key();
+  EXPECT_TRUE(fused.model->named_buffers()["1.U1s"].is_same(model->named_buffers()["1.U1s"]));
+
+  const torch::Tensor x = torch::randn({9, 3, 4, 4});
+  auto run = [&](nn::Sequential& m) {
+    torch::manual_seed(5);
+    const torch::Tensor y = m->forward(x);
+    return std::make_pair(y, torch::autograd::grad({y.square().sum()}, m->parameters()));
+  };
+  const auto [y_fused, grads_fused] = run(fused.model);
+  const auto [y_plain, grads_plain] = run(model);
+  EXPECT_TRUE(torch::equal(y_fused, y_plain));
+  for (size_t i = 0; i < grads_plain.size(); ++i) {
+    EXPECT_TRUE(torch::equal(grads_fused[i], grads_plain[i])) << "parameter " << i;
+  }
+  model->eval();
+  fused.model->eval();
+  EXPECT_TRUE(torch::equal(fused.model->forward(x), model->forward(x)));
+}
+
+TEST(FuseEpilogues, DrawsNothingAndLeavesOtherLayersShared) {
+  torch::manual_seed(6);
+  nn::Sequential model(SKLinear(SKLinearOptions(16, 12).rank(2)), nn::Tanh(), nn::Linear(12, 4), nn::ReLU());
+  torch::manual_seed(7);
+  const FusedEpilogues fused = fuse_epilogues(model);
+  const torch::Tensor after = torch::rand({4});
+  torch::manual_seed(7);
+  EXPECT_TRUE(torch::equal(after, torch::rand({4})));
+  EXPECT_TRUE(fused.fused.empty());
+  for (size_t i = 0; i < model->size(); ++i) EXPECT_EQ(fused.model->ptr(i), model->ptr(i)) << i;
 }
 
 }  // namespace

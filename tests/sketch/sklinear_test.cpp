@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sstream>
 #include <tuple>
 #include <vector>
 
@@ -119,6 +120,40 @@ TEST(SKLinear, BadSizesAndInputsNameTheField) {
   SKLinear layer(SKLinearOptions(8, 6).rank(1));
   EXPECT_TRUE(Contains(error_message<UsageError>([&] { layer(torch::randn({2, 7})); }),
                        "SKLinear input: expected [..., 8], got [2, 7]"));
+  EXPECT_TRUE(Contains(error_message<UsageError>([] { SKLinear(SKLinearOptions(8, 8).dropout(-0.5)); }),
+                       "SKLinear dropout: must be between 0 and 1, got -0.5"));
+}
+
+// relu and dropout as options: what the layer followed by LibTorch's ReLU and Dropout computes,
+// from the same seed, in training (inputs of 3 dimensions) and in evaluation, in inference too.
+TEST(SKLinear, ReluAndDropoutOptionsAsLibTorchsLayersAfterIt) {
+  torch::manual_seed(8);
+  SKLinear fused(SKLinearOptions(24, 18).terms(2).rank(3).relu(true).dropout(0.4));
+  SKLinear plain(SKLinearOptions(24, 18).terms(2).rank(3));
+  {
+    const torch::NoGradGuard no_grad;
+    for (const auto& item : fused->named_parameters()) plain->named_parameters()[item.key()].copy_(item.value());
+    for (const auto& item : fused->named_buffers()) plain->named_buffers()[item.key()].copy_(item.value());
+  }
+  const torch::Tensor x = torch::randn({2, 5, 24});
+  auto unfused = [&](const torch::Tensor& input) {
+    return torch::dropout(torch::relu(plain(input)), 0.4, plain->is_training());
+  };
+  for (const bool training : {true, false}) {
+    fused->train(training);
+    plain->train(training);
+    torch::manual_seed(9);
+    const torch::Tensor ours = fused(x);
+    torch::manual_seed(9);
+    EXPECT_TRUE(torch::equal(ours, unfused(x))) << "training " << training;
+    if (!training) {
+      const torch::NoGradGuard no_grad;
+      EXPECT_TRUE(torch::equal(fused(x), unfused(x)));
+    }
+  }
+  std::ostringstream printed;
+  fused->pretty_print(printed);
+  EXPECT_TRUE(testing::Contains(printed.str(), "relu=true, dropout=0.4)"));
 }
 
 // The layer's answer made from its tensors as they are now, in double.

@@ -20,10 +20,14 @@ namespace afterburner::sketch {
 
 class SKLinearImpl;
 class SKConv2dImpl;
+class RandMultiHeadAttentionImpl;
 
-// The layer's state (copied) and a TorchScript forward computing what its C++ forward does.
+// The layer's state (copied) and a TorchScript forward computing what its C++ forward does (the
+// attention's: forward(query, key, value) -> out, batch first, without a mask).
 torch::jit::Module script_layer(const SKLinearImpl& layer, const std::shared_ptr<torch::jit::CompilationUnit>& unit);
 torch::jit::Module script_layer(const SKConv2dImpl& layer, const std::shared_ptr<torch::jit::CompilationUnit>& unit);
+torch::jit::Module script_layer(const RandMultiHeadAttentionImpl& layer,
+                                const std::shared_ptr<torch::jit::CompilationUnit>& unit);
 
 // Replaces, in place, every submodule whose forward is exactly one linear or conv2d of its own
 // weight and bias (torch.nn.Linear and Conv2d as Python scripts or traces them, afterburner's

@@ -6,6 +6,9 @@
 //   sketch::SKLinear layer(sketch::SKLinearOptions(1024, 768).terms(2).rank(16));
 //   torch::Tensor y = layer(x);                                  // x [..., 1024] -> [..., 768]
 //
+//   sketch::SKLinear hidden(sketch::SKLinearOptions(1024, 768).rank(16).relu(true).dropout(0.1));
+//   torch::Tensor h = hidden(x);   // dropout(relu(layer(x))) in one autograd node (kernels/low_rank.h)
+//
 //   torch::nn::Linear dense(1024, 768);                          // from trained weights:
 //   sketch::SKLinear sketched(sketch::SKLinearOptions(1024, 768).terms(2).rank(16), dense->weight);
 //
@@ -22,6 +25,8 @@
 #include <memory>
 #include <ostream>
 
+#include "afterburner/kernels/low_rank.h"
+
 namespace afterburner::sketch {
 
 struct SKLinearOptions {
@@ -31,6 +36,11 @@ struct SKLinearOptions {
   TORCH_ARG(int64_t, terms) = 1;  // L
   TORCH_ARG(int64_t, rank) = 8;   // k
   TORCH_ARG(bool, bias) = true;
+  // ReLU, then dropout with this probability in training, applied to the layer's output in the
+  // same node: what a following torch::nn::ReLU and Dropout compute (sketch::fuse_epilogues puts
+  // them here).
+  TORCH_ARG(bool, relu) = false;
+  TORCH_ARG(double, dropout) = 0.0;
 };
 
 // Y = 1/(2L) sum_i [ (X S1_i) U1_i + (X U2_i) S2_i ] + b, computed as two GEMMs: X times the
@@ -71,8 +81,10 @@ SKLinearTensors initial_sklinear_tensors(const SKLinearOptions& options, const t
 
 // SKLinear's forward over given tensors (sizes read from their shapes; bias may be undefined):
 // the op afterburner::sklinear. Throws UsageError naming the first tensor whose shape does not fit.
+// `epilogue` as in kernels::low_rank_linear.
 torch::Tensor sketched_linear(const torch::Tensor& input, const torch::Tensor& S1s, const torch::Tensor& S2s,
-                              const torch::Tensor& U1s, const torch::Tensor& U2s, const torch::Tensor& bias);
+                              const torch::Tensor& U1s, const torch::Tensor& U2s, const torch::Tensor& bias,
+                              const kernels::LowRankEpilogue& epilogue = {});
 
 // The two GEMM operands of that forward: first = [S1_1 .. S1_L, U2_1 .. U2_L] [d_in, w] and
 // second = [U1_1; ..; U1_L; S2_1; ..; S2_L] [w, d_out] (w = 2Lk, zero-padded to a width the GEMM
@@ -88,7 +100,8 @@ SKLinearFactors sklinear_factors(const torch::Tensor& S1s, const torch::Tensor& 
 // y = scale (input first) second + bias for input [..., d_in]: the forward from factors made
 // once (the op afterburner::sklinear_factored). Throws UsageError for an input or bias that does
 // not fit.
-torch::Tensor sketched_linear(const torch::Tensor& input, const SKLinearFactors& factors, const torch::Tensor& bias);
+torch::Tensor sketched_linear(const torch::Tensor& input, const SKLinearFactors& factors, const torch::Tensor& bias,
+                              const kernels::LowRankEpilogue& epilogue = {});
 
 // True when 2Lk(d_in + d_out) > d_in d_out: the sketched layer has more parameters than the
 // dense one.

@@ -24,15 +24,21 @@ class SKLinear(torch.nn.Module):
     (fixed signs +-1/sqrt(k)) and bias [out]: the names and shapes of panther.nn.SKLinear, so
     its state_dicts load. W_init ([out, in], torch.nn.Linear's layout) starts the layer as an
     unbiased estimate of that weight; without it, of a weight drawn as torch.nn.Linear draws it.
+    relu=True and dropout=p apply ReLU and then dropout (in training) to the output in the same
+    autograd node, what a following torch.nn.ReLU and torch.nn.Dropout(p) compute, the same bits
+    from the same seed (`fuse` puts them here).
     """
 
-    __constants__ = ["in_features", "out_features", "num_terms", "low_rank"]
+    __constants__ = ["in_features", "out_features", "num_terms", "low_rank", "relu", "dropout"]
 
     def __init__(self, in_features: int, out_features: int, num_terms: int, low_rank: int, W_init=None,
-                 bias: bool = True, dtype=None, device=None):
+                 bias: bool = True, dtype=None, device=None, relu: bool = False, dropout: float = 0.0):
         super().__init__()
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"SKLinear dropout: must be between 0 and 1, got {dropout}")
         self.in_features, self.out_features = in_features, out_features
         self.num_terms, self.low_rank = num_terms, low_rank
+        self.relu, self.dropout = relu, float(dropout)
         if W_init is not None:
             W_init = W_init.detach().to("cpu", torch.float32)
         S1s, S2s, U1s, U2s, b = torch.ops.afterburner.sklinear_init(in_features, out_features, num_terms, low_rank,
@@ -49,8 +55,10 @@ class SKLinear(torch.nn.Module):
 
     def forward(self, input: Tensor) -> Tensor:
         if not torch.jit.is_scripting() and self._factors_can_stay():
-            return torch.ops.afterburner.sklinear_factored(input, *self._kept_factors(), self.bias)
-        return torch.ops.afterburner.sklinear(input, self.S1s, self.S2s, self.U1s, self.U2s, self.bias)
+            return torch.ops.afterburner.sklinear_factored(input, *self._kept_factors(), self.bias, self.relu,
+                                                           self.dropout, self.training)
+        return torch.ops.afterburner.sklinear(input, self.S1s, self.S2s, self.U1s, self.U2s, self.bias, self.relu,
+                                              self.dropout, self.training)
 
     # Where no gradient is wanted for S1s and S2s (inference), the GEMMs' operands are made once
     # and reused while the four tensors are the same ones, unchanged (their version counters), as
@@ -76,7 +84,8 @@ class SKLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, num_terms={self.num_terms}, "
-                f"low_rank={self.low_rank}, bias={self.bias is not None}")
+                f"low_rank={self.low_rank}, bias={self.bias is not None}" + (", relu=True" if self.relu else "") +
+                (f", dropout={self.dropout}" if self.dropout else ""))
 
 
 class SKConv2d(torch.nn.Module):
@@ -305,7 +314,8 @@ def fuse(module: torch.nn.Module) -> FuseReport:
     """Rewrites the fusable neighbours of every torch.nn.Sequential in `module` (nested ones too).
 
     ReLU, MaxPool2d -> Identity, ReluMaxPool2d; Linear, ReLU -> LinearReLU, Identity; Conv2d,
-    ReLU -> Conv2dReLU, Identity (not where that ReLU fuses with a following MaxPool2d instead).
+    ReLU -> Conv2dReLU, Identity (not where that ReLU fuses with a following MaxPool2d instead);
+    SKLinear, ReLU, Dropout (either or both) -> SKLinear(relu=..., dropout=p), Identity, ...
     Layers are replaced position for position over the same parameter tensors, so the
     state_dict's keys and an optimizer built before fusing stay valid. Layers inside modules
     with their own forward are left as they are: fuse only sees Sequential's order (for those,
@@ -328,14 +338,19 @@ def _fuse_sequential(name: str, sequence: torch.nn.Sequential, report: FuseRepor
     while i + 1 < len(layers):
         (first_key, first), (second_key, second) = layers[i], layers[i + 1]
         following = layers[i + 2][1] if i + 2 < len(layers) else None
-        where = f"{prefix}{first_key}-{second_key}"
-        replacement = _fused_pair(first, second, following, where, report)
+        if type(first) is SKLinear:
+            replacement = _sketched_with_epilogue(first, [module for _, module in layers[i + 1:i + 3]])
+        else:
+            replacement = _fused_pair(first, second, following, f"{prefix}{first_key}-{second_key}", report)
         if replacement is None:
             i += 1
             continue
-        sequence._modules[first_key], sequence._modules[second_key] = replacement
-        report.fused.append(f"{where}: {type(first).__name__} + {type(second).__name__}")
-        i += 2
+        replaced = layers[i:i + len(replacement)]
+        for (key, _), module in zip(replaced, replacement):
+            sequence._modules[key] = module
+        report.fused.append(f"{prefix}{replaced[0][0]}-{replaced[-1][0]}: " +
+                            " + ".join(type(module).__name__ for _, module in replaced))
+        i += len(replacement)
 
 
 def _fused_pair(first, second, following, where: str, report: FuseReport):
@@ -362,6 +377,30 @@ def _fused_pair(first, second, following, where: str, report: FuseReport):
                            first.dilation, first.groups, first.bias is not None, device="meta")
         return _sharing_parameters(fused, first), torch.nn.Identity()
     return None
+
+
+def _sketched_with_epilogue(layer: SKLinear, following: List[torch.nn.Module]):
+    """(layer with the ReLU and Dropout that follow it, Identity for each), or None if none does."""
+    relu, dropout, taken = layer.relu, layer.dropout, 0
+    if relu or dropout:
+        return None
+    if taken < len(following) and type(following[taken]) is torch.nn.ReLU:
+        relu, taken = True, taken + 1
+    if taken < len(following) and type(following[taken]) is torch.nn.Dropout:
+        dropout, taken = following[taken].p, taken + 1
+    if taken == 0:
+        return None
+    fused = SKLinear.__new__(SKLinear)  # nothing drawn: the layer's own tensors
+    torch.nn.Module.__init__(fused)
+    fused.in_features, fused.out_features = layer.in_features, layer.out_features
+    fused.num_terms, fused.low_rank = layer.num_terms, layer.low_rank
+    fused.relu, fused.dropout = relu, float(dropout)
+    for name, buffer in layer.named_buffers(recurse=False):
+        fused.register_buffer(name, buffer)
+    for name in ("S1s", "S2s", "bias"):
+        fused.register_parameter(name, getattr(layer, name))
+    fused.train(layer.training)
+    return (fused,) + tuple(torch.nn.Identity() for _ in range(taken))
 
 
 def _sharing_parameters(fused: torch.nn.Module, layer: torch.nn.Module) -> torch.nn.Module:
