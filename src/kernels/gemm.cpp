@@ -110,11 +110,29 @@ torch::Tensor mm(const torch::Tensor& a, const torch::Tensor& b) {
 torch::Tensor bmm(const torch::Tensor& a, const torch::Tensor& b) {
   const bool batches_suit = a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(0) > 0;
   if (!batches_suit || !onednn_suits(a[0], b[0]) || autograd_records({a, b})) return at::bmm(a, b);
+  // One oneDNN matmul over the whole batch (a GEMM per matrix through LibTorch's views cost more
+  // than the products themselves for many small matrices: a transformer's heads at short
+  // sequences). Its descriptors take any strides but 0 (an expanded operand is copied).
+  auto readable = [](const torch::Tensor& t) {
+    const bool expanded = std::any_of(t.strides().begin(), t.strides().end(), [](int64_t s) { return s == 0; });
+    return expanded ? t.contiguous() : t;
+  };
+  const torch::Tensor a_read = readable(a), b_read = readable(b);
   torch::Tensor c = at::empty({a.size(0), a.size(1), b.size(2)}, a.options());
-  for (int64_t i = 0; i < a.size(0); ++i) {
-    torch::Tensor product = c[i];
-    onednn_gemm(a[i], b[i], 0.0f, product);
-  }
+  const auto desc = [](const torch::Tensor& t) {
+    return dnnl::memory::desc({t.size(0), t.size(1), t.size(2)}, dnnl::memory::data_type::f32,
+                              {t.stride(0), t.stride(1), t.stride(2)});
+  };
+  const dnnl::memory::desc a_desc = desc(a_read), b_desc = desc(b_read), c_desc = desc(c);
+  const auto memory = [&](const dnnl::memory::desc& d, const torch::Tensor& t) {
+    return dnnl::memory(d, cpu_engine(), t.data_ptr());  // oneDNN reads inputs only
+  };
+  dnnl::stream stream(cpu_engine());
+  matmul_primitive(a_desc, b_desc, dnnl::memory::desc(), c_desc, Epilogue::identity)
+      .execute(stream, {{DNNL_ARG_SRC, memory(a_desc, a_read)},
+                        {DNNL_ARG_WEIGHTS, memory(b_desc, b_read)},
+                        {DNNL_ARG_DST, memory(c_desc, c)}});
+  stream.wait();
   return c;
 }
 

@@ -8,6 +8,7 @@
 
 #include "afterburner/core/error.h"
 #include "afterburner/core/file_writer.h"
+#include "afterburner/models/performer.h"
 #include "afterburner/models/residual.h"
 #include "afterburner/sketch/script.h"
 #include "afterburner/sketch/skconv2d.h"
@@ -73,6 +74,12 @@ Module export_layer(const std::shared_ptr<nn::Module>& layer, const CompilationU
   if (auto bn = std::dynamic_pointer_cast<nn::BatchNorm2dImpl>(layer)) {
     return define("BatchNorm2d", batch_norm_torchscript(bn->options.eps()));
   }
+  if (auto norm = std::dynamic_pointer_cast<nn::LayerNormImpl>(layer)) {
+    const auto& o = norm->options;
+    if (!o.elementwise_affine()) throw Error("export: LayerNorm without elementwise_affine is not supported");
+    return define("LayerNorm", fmt::format("torch.layer_norm(x, [{}], self.weight, self.bias, {})",
+                                           fmt::join(o.normalized_shape(), ", "), o.eps()));
+  }
   if (auto own = std::dynamic_pointer_cast<SelfExportingLayer>(layer)) {
     return define(own->torchscript_kind(), own->torchscript_forward());
   }
@@ -108,6 +115,19 @@ Module export_layer(const std::shared_ptr<nn::Module>& layer, const CompilationU
         "    y = torch.relu(self.bn1.forward(self.conv1.forward(x)))\n"
         "    y = self.bn2.forward(self.conv2.forward(y))\n"
         "    return torch.relu(y + self.shortcut.forward(x))\n");
+    return out;
+  }
+  if (auto block = std::dynamic_pointer_cast<PerformerBlockImpl>(layer)) {
+    Module out = new_module("PerformerBlock", unit);
+    for (const char* name : {"ln1", "ln2", "fc1", "fc2"}) {
+      out.register_module(name, export_layer(block->named_children()[name], unit));
+    }
+    out.register_module("attention", sketch::script_layer(*block->attention, unit));
+    out.define(
+        "def forward(self, x):\n"
+        "    normed = self.ln1.forward(x)\n"
+        "    h = x + self.attention.forward(normed, normed, normed)\n"
+        "    return h + self.fc2.forward(torch.gelu(self.fc1.forward(self.ln2.forward(h))))\n");
     return out;
   }
   if (auto seq = std::dynamic_pointer_cast<nn::SequentialImpl>(layer)) {

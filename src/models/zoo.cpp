@@ -9,6 +9,7 @@
 #include <map>
 
 #include "afterburner/core/error.h"
+#include "afterburner/models/performer.h"
 #include "afterburner/models/residual.h"
 
 namespace afterburner::models {
@@ -44,10 +45,24 @@ nn::Sequential resnet(const ModelOptions& o) {
   return model;
 }
 
+// Each pixel row a token of embed 64, two blocks of 4 heads, random-feature attention.
+nn::Sequential performer(const ModelOptions& o) {
+  constexpr int64_t kEmbed = 64, kHeads = 4, kBlocks = 2;
+  nn::Sequential model(ImageRows(), nn::Linear(o.in_channels() * o.image_size(), kEmbed),
+                       PositionEmbedding(o.image_size(), kEmbed));
+  for (int64_t i = 0; i < kBlocks; ++i) {
+    model->push_back(PerformerBlock(PerformerBlockOptions(kEmbed, kHeads, o.attention_features())));
+  }
+  model->push_back(nn::LayerNorm(nn::LayerNormOptions({kEmbed})));
+  model->push_back(TokenMean());
+  model->push_back(nn::Linear(kEmbed, o.num_classes()));
+  return model;
+}
+
 using Factory = std::function<nn::Sequential(const ModelOptions&)>;
 
 const std::map<std::string, Factory>& factories() {
-  static const std::map<std::string, Factory> table{{"mlp", mlp}, {"cnn", cnn}, {"resnet", resnet}};
+  static const std::map<std::string, Factory> table{{"mlp", mlp}, {"cnn", cnn}, {"resnet", resnet}, {"performer", performer}};
   return table;
 }
 

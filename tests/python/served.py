@@ -13,6 +13,20 @@ import torch
 BINARY = os.environ.get("AFTERBURNER_BINARY", "")
 
 
+def classifier_config(max_batch_size):
+    """A model's config.toml for tensors of Fashion-MNIST's shape in and 10 logits out."""
+    return f"""max_batch_size = {max_batch_size}
+[[input]]
+name = "input"
+datatype = "FP32"
+dims = [1, 28, 28]
+[[output]]
+name = "output"
+datatype = "FP32"
+dims = [10]
+"""
+
+
 @contextlib.contextmanager
 def running_server(repo, stderr_file=None):
     """Starts `afterburner serve --repo REPO` on a free port, yields the port, stops it (SIGTERM).

@@ -21,7 +21,7 @@ import torchvision
 import torchvision.transforms.functional as TF
 from PIL import Image
 
-from served import BINARY, running_server
+from served import BINARY, classifier_config, running_server
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
@@ -59,16 +59,7 @@ classes_file = "classes.txt"
 name = "output"
 datatype = "FP32"
 dims = [10]
-'''), ("tensors", '''max_batch_size = 8
-[[input]]
-name = "input"
-datatype = "FP32"
-dims = [1, 28, 28]
-[[output]]
-name = "output"
-datatype = "FP32"
-dims = [10]
-''')):
+'''), ("tensors", classifier_config(8))):
         (repo / name).mkdir(parents=True)
         (repo / name / "config.toml").write_text(config)
         (repo / name / "model.pt").write_bytes(model.read_bytes())

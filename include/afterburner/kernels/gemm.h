@@ -21,7 +21,7 @@ namespace afterburner::kernels {
 // a [M, K] times b [K, N].
 torch::Tensor mm(const torch::Tensor& a, const torch::Tensor& b);
 
-// a [B, M, K] times b [B, K, N]: one GEMM per matrix, into one output.
+// a [B, M, K] times b [B, K, N]: one oneDNN matmul over the batch.
 torch::Tensor bmm(const torch::Tensor& a, const torch::Tensor& b);
 
 // c = beta c + a b into c [M, N] (rows contiguous, any distance apart), for kernels that fill

@@ -25,9 +25,9 @@ class SelfExportingLayer {
 // BatchNorm's inference forward (running statistics), for layers that export as BatchNorm2d.
 std::string batch_norm_torchscript(double eps);
 
-// Layers supported: Conv2d, Linear, BatchNorm2d, ReLU, MaxPool2d, AdaptiveAvgPool2d, Flatten,
-// Dropout (dropped), BasicBlock, nested Sequential, the sketched SKLinear and SKConv2d (as
-// sketch::script_layer writes them) and any SelfExportingLayer. Any other layer throws an Error
+// Layers supported: Conv2d, Linear, BatchNorm2d, LayerNorm, ReLU, MaxPool2d, AdaptiveAvgPool2d,
+// Flatten, Dropout (dropped), BasicBlock, PerformerBlock, nested Sequential, the sketched SKLinear
+// and SKConv2d (as sketch::script_layer writes them) and any SelfExportingLayer. Any other layer throws an Error
 // naming it.
 // Parameters keep their names (weight, bias, running_mean, ...); layer i becomes submodule "layer<i>".
 // `extra_files` are written into the archive as write_file_atomically writes them.
