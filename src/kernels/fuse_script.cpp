@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 #include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/subgraph_matcher.h>
 #include <torch/csrc/jit/passes/constant_propagation.h>
@@ -295,17 +296,23 @@ jit::Node* sole_reader(const jit::Value* value) {
   return value->uses().size() == 1 ? value->uses()[0].user : nullptr;
 }
 
+// Whether `value` is a graph input or made by a node before `node`.
+bool defined_before(const jit::Value* value, const jit::Node* node) {
+  return value->node()->kind() == c10::prim::Param || value->node()->isBefore(node);
+}
+
 // A sketched linear layer (afterburner::sklinear or sklinear_factored, whose last three arguments
 // are relu, dropout and train) without an epilogue, followed by relu and/or afterburner::dropout
 // that alone read its output: those become its epilogue (kernels/low_rank.h, the same bits), the
-// layer moved to where the dropout was, so that the dropout's arguments are computed before it.
+// two brought together so that the dropout's arguments are computed before the layer (where that
+// keeps every read and write in order; otherwise the dropout stays).
 // Returns how many layers took an epilogue.
-int fuse_sketched_epilogues(jit::Block* block) {
+int fuse_sketched_epilogues(const std::shared_ptr<jit::Graph>& graph, jit::Block* block) {
   static const std::unordered_set<std::string> kinds{"afterburner::sklinear", "afterburner::sklinear_factored"};
   int fused = 0;
   for (auto it = block->nodes().begin(); it != block->nodes().end();) {
     jit::Node* node = *it++;
-    for (jit::Block* inner : node->blocks()) fused += fuse_sketched_epilogues(inner);
+    for (jit::Block* inner : node->blocks()) fused += fuse_sketched_epilogues(graph, inner);
     if (!kinds.count(node->kind().toQualString())) continue;
     const size_t relu_at = node->inputs().size() - 3, dropout_at = relu_at + 1, train_at = relu_at + 2;
     const c10::optional<bool> relu = jit::constant_as<bool>(node->input(relu_at));
@@ -315,15 +322,19 @@ int fuse_sketched_epilogues(jit::Block* block) {
     bool took = false;
     if (next && (next->kind() == c10::aten::relu || next->kind() == c10::aten::relu_)) {
       jit::WithInsertPoint insert_point(node);
-      node->replaceInput(relu_at, block->owningGraph()->insertConstant(true));
+      node->replaceInput(relu_at, graph->insertConstant(true));
       next->output()->replaceAllUsesWith(node->output());
       if (it != block->nodes().end() && *it == next) ++it;
       next->destroy();
       next = sole_reader(node->output());
       took = true;
     }
-    if (next && next->kind().toQualString() == std::string("afterburner::dropout") && next->owningBlock() == block) {
-      node->moveBefore(next);
+    // AliasDb moves the layer down to the dropout, or the dropout (and what it reads) up to the
+    // layer, only where every read and write between keeps its order: an in-place update of the
+    // layer's input in between must still come after the layer.
+    if (next && next->kind().toQualString() == std::string("afterburner::dropout") && next->owningBlock() == block &&
+        jit::AliasDb(graph).moveBeforeTopologicallyValid(node, next) && defined_before(next->input(1), node) &&
+        defined_before(next->input(2), node)) {
       node->replaceInput(dropout_at, next->input(1));
       node->replaceInput(train_at, next->input(2));
       next->output()->replaceAllUsesWith(node->output());
@@ -364,7 +375,7 @@ void fuse_graph(std::shared_ptr<jit::Graph>& graph, std::vector<std::string>& fu
     rewrite(graph, *pattern);
   }
   fuse_add_activations(graph);
-  if (const int n = fuse_sketched_epilogues(graph->block())) {
+  if (const int n = fuse_sketched_epilogues(graph, graph->block())) {
     fused.push_back(fmt::format("{} x sketched linear + relu/dropout", n));
   }
   if (attention.fused) fused.push_back(fmt::format("{} x multi-head attention", attention.fused));

@@ -375,3 +375,32 @@ def test_fuse_and_jit_fuse_put_relu_and_dropout_into_sklinear(autocast):
     for fused_grads in grads[1:]:
         for got, want in zip(fused_grads, grads[0]):
             assert same_bits(got, want)
+
+
+class UpdatesItsInputInBetween(torch.nn.Module):
+    """A forward that writes the sketched layer's input in place between the layer and its dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = abnn.SKLinear(30, 20, num_terms=1, low_rank=4)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        x = x.clone()
+        y = torch.relu(self.fc(x))
+        x.add_(1.0)
+        return self.drop(y) + x.sum()
+
+
+def test_jit_fuse_keeps_the_order_of_a_write_between_the_layer_and_its_dropout():
+    torch.manual_seed(3)
+    model = UpdatesItsInputInBetween()
+    fused, report = afterburner.jit.fuse(torch.jit.script(model))
+    assert "1 x sketched linear + relu/dropout" in report.fused
+    assert "afterburner::dropout" not in str(fused.graph)  # the dropout moved up to the layer, not the layer down
+    x = torch.randn(6, 30)
+    for _ in range(2):
+        torch.manual_seed(4)
+        expected = model(x)
+        torch.manual_seed(4)
+        assert same_bits(fused(x), expected)
