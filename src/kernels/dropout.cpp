@@ -1,7 +1,5 @@
 #include "afterburner/kernels/dropout.h"
 
-#include "dropout_noise.h"
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/MT19937RNGEngine.h>
 
@@ -11,6 +9,8 @@
 #include <cstring>
 #include <mutex>
 #include <vector>
+
+#include "dropout_noise.h"
 
 namespace afterburner::kernels {
 namespace {

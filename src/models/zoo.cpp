@@ -62,7 +62,8 @@ nn::Sequential performer(const ModelOptions& o) {
 using Factory = std::function<nn::Sequential(const ModelOptions&)>;
 
 const std::map<std::string, Factory>& factories() {
-  static const std::map<std::string, Factory> table{{"mlp", mlp}, {"cnn", cnn}, {"resnet", resnet}, {"performer", performer}};
+  static const std::map<std::string, Factory> table{
+      {"mlp", mlp}, {"cnn", cnn}, {"resnet", resnet}, {"performer", performer}};
   return table;
 }
 
