@@ -7,12 +7,14 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <type_traits>
 
 #include "afterburner/core/error.h"
 #include "afterburner/serve/protocol.h"
 #include "grpc_runtime.h"
 #include "proto/inference.grpc.pb.h"
+#include "reply_thread.h"
 
 namespace afterburner::serve {
 // Named rather than anonymous: GrpcServer::Impl, which has linkage, holds an InferenceService.
@@ -197,7 +199,8 @@ class InferenceService final : public pb::GRPCInferenceService::CallbackService 
     return finished(context, status);
   }
 
-  // Answered from the batcher's thread once the batch has run; gRPC keeps `response` until then.
+  // Answered once the batch has run, on the reply thread (a refusal at once, here); gRPC keeps
+  // `response` until then.
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context, const pb::ModelInferRequest* request,
                                        pb::ModelInferResponse* response) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -209,20 +212,27 @@ class InferenceService final : public pb::GRPCInferenceService::CallbackService 
       reactor->Finish(status_of(e.status(), e.what()));
       return reactor;
     }
-    service_.infer_tensors({request->model_name(), request->model_version()}, tensors, [reactor, response](TensorReply reply) {
-      if (reply.status != 200) return reactor->Finish(status_of(reply.status, reply.error));
-      try {
-        fill_response(reply, *response);
-      } catch (const std::exception& e) {  // an output of a type the protocol has no datatype for
-        return reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL,
-                                            fmt::format("model '{}': {}", reply.model_name, e.what())));
-      }
-      reactor->Finish(grpc::Status::OK);
-    });
+    service_.infer_tensors({request->model_name(), request->model_version()}, tensors,
+                           [this, reactor, response, asker = std::this_thread::get_id()](TensorReply reply) {
+                             replies_.answer(asker, [reactor, response, reply = std::move(reply)]() mutable {
+                               answer(reply, *response, *reactor);
+                             });
+                           });
     return reactor;
   }
 
  private:
+  static void answer(TensorReply& reply, pb::ModelInferResponse& response, grpc::ServerUnaryReactor& reactor) {
+    if (reply.status != 200) return reactor.Finish(status_of(reply.status, reply.error));
+    try {
+      fill_response(reply, response);
+    } catch (const std::exception& e) {  // an output of a type the protocol has no datatype for
+      return reactor.Finish(
+          grpc::Status(grpc::StatusCode::INTERNAL, fmt::format("model '{}': {}", reply.model_name, e.what())));
+    }
+    reactor.Finish(grpc::Status::OK);
+  }
+
   static grpc::ServerUnaryReactor* finished(grpc::CallbackServerContext* context, const grpc::Status& status) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(status);
@@ -230,6 +240,8 @@ class InferenceService final : public pb::GRPCInferenceService::CallbackService 
   }
 
   serve::Service& service_;
+  // Outlives the gRPC server's Shutdown, which waits for the calls it still has to answer.
+  detail::ReplyThread replies_;
 };
 
 }  // namespace grpc_detail
