@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/ir/subgraph_matcher.h>
 #include <torch/csrc/jit/passes/subgraph_rewrite.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -60,6 +61,12 @@ std::optional<c10::Symbol> onednn_form(const torch::jit::Node* node) {
   return std::nullopt;
 }
 
+// A conversion to or from oneDNN's layout that keeps the dtype (its second argument None).
+bool no_dtype(const torch::jit::Node* conversion) {
+  const auto dtype = torch::jit::toIValue(conversion->input(1));
+  return dtype && dtype->isNone();
+}
+
 // Whether an op writes into `value`: an in-place op's first argument (ATen's trailing underscore,
 // LibTorch's prim::MKLDNN..._ ops too), or what prim::BroadcastMKLDNNTensors hands on of it (the
 // tensor itself where the sizes agree).
@@ -83,10 +90,6 @@ bool written_in_place(const torch::jit::Value* value) {
 int skip_round_trips(torch::jit::Graph& graph) {
   const c10::Symbol to_dense = c10::Symbol::fromQualString("aten::to_dense");
   const c10::Symbol to_mkldnn = c10::Symbol::fromQualString("aten::to_mkldnn");
-  const auto no_dtype = [](const torch::jit::Node* conversion) {
-    const auto dtype = torch::jit::toIValue(conversion->input(1));
-    return dtype && dtype->isNone();
-  };
   int skipped = 0;
   for (torch::jit::Node* node : graph.nodes()) {
     if (node->kind() != to_mkldnn) continue;
@@ -243,6 +246,110 @@ int batch_norm_relu_into_onednn(std::shared_ptr<torch::jit::Graph>& graph) {
     norm->destroy();
     ++rewritten;
   }
+  return rewritten;
+}
+
+namespace {
+
+// A oneDNN constant's dense tensor (a prepacked convolution weight comes back as [out, in/groups,
+// kh, kw]); nullopt for anything else.
+std::optional<at::Tensor> dense_constant(const torch::jit::Value* value) {
+  const torch::jit::Node* constant = value->node();
+  if (constant->kind() != c10::Symbol::fromQualString("prim::ConstantMKLDNNTensor")) return std::nullopt;
+  return constant->t(c10::attr::value).to_dense();
+}
+
+// A oneDNN convolution aten::conv2d computes from dense copies of its constants: an fp32 4-D
+// weight, a bias or none.
+bool convolves_densely(const torch::jit::Node* conv) {
+  const auto weight = dense_constant(conv->input(1));
+  const auto bias = torch::jit::toIValue(conv->input(2));
+  return weight && weight->dim() == 4 && weight->scalar_type() == at::kFloat &&
+         ((bias && bias->isNone()) || dense_constant(conv->input(2))) && constant_int_pair(conv->input(3)) &&
+         constant_int_pair(conv->input(4)) && constant_int_pair(conv->input(5)) &&
+         torch::jit::constant_as<int64_t>(conv->input(6));
+}
+
+// The convolutions a to_mkldnn conversion feeds, directly or through one another, in the graph's
+// order, and the conversions of their results to dense; nullopt where anything else reads them or
+// a dense result is written in place (one tensor will stand for all conversions of a result).
+struct ConvolutionChain {
+  std::vector<torch::jit::Node*> convolutions;
+  std::vector<torch::jit::Node*> conversions;
+};
+
+std::optional<ConvolutionChain> convolution_chain(torch::jit::Node* to_mkldnn) {
+  const c10::Symbol conv = c10::Symbol::fromQualString("prim::mkldnn_convolution");
+  const c10::Symbol to_dense = c10::Symbol::fromQualString("aten::to_dense");
+  ConvolutionChain chain;
+  std::vector<torch::jit::Value*> pending{to_mkldnn->output()};
+  while (!pending.empty()) {
+    const torch::jit::Value* value = pending.back();
+    pending.pop_back();
+    for (const torch::jit::Use& use : value->uses()) {
+      if (use.user->kind() == conv && use.offset == 0 && convolves_densely(use.user)) {
+        chain.convolutions.push_back(use.user);
+        pending.push_back(use.user->output());
+      } else if (use.user->kind() == to_dense && value != to_mkldnn->output() && no_dtype(use.user) &&
+                 !written_in_place(use.user->output())) {
+        chain.conversions.push_back(use.user);
+      } else {
+        return std::nullopt;
+      }
+    }
+  }
+  std::sort(chain.convolutions.begin(), chain.convolutions.end(),
+            [](const torch::jit::Node* a, const torch::jit::Node* b) { return a->isBefore(b); });
+  return chain;
+}
+
+// Whether x.permute(0, 2, 3, 1) reads `value`: the reader wants channels-last.
+bool permuted_to_channels_last(const torch::jit::Value* value) {
+  return std::any_of(value->uses().begin(), value->uses().end(), [](const torch::jit::Use& use) {
+    const auto dims = use.user->kind() == c10::aten::permute ? torch::jit::toIValue(use.user->input(1)) : c10::nullopt;
+    return dims && dims->isIntList() && dims->toIntVector() == std::vector<int64_t>{0, 2, 3, 1};
+  });
+}
+
+// Rewrites the chain's convolutions as aten::conv2d of dense tensors, the conversions gone.
+void convolve_densely(torch::jit::Graph& graph, torch::jit::Node* to_mkldnn, const ConvolutionChain& chain) {
+  std::unordered_map<const torch::jit::Value*, torch::jit::Value*> dense{{to_mkldnn->output(), to_mkldnn->input(0)}};
+  for (torch::jit::Node* conv : chain.convolutions) {
+    const torch::jit::WithInsertPoint point(conv);
+    const auto bias = dense_constant(conv->input(2));
+    torch::jit::Value* y = graph.insert(
+        c10::aten::conv2d, {dense.at(conv->input(0)), graph.insertConstant(*dense_constant(conv->input(1))),
+                            bias ? graph.insertConstant(*bias) : graph.insertConstant(c10::IValue()), conv->input(3),
+                            conv->input(4), conv->input(5), conv->input(6)});
+    dense[conv->output()] = y;
+  }
+  for (torch::jit::Node* conversion : chain.conversions) {
+    conversion->output()->replaceAllUsesWith(dense.at(conversion->input(0)));
+    conversion->destroy();
+  }
+  for (auto conv = chain.convolutions.rbegin(); conv != chain.convolutions.rend(); ++conv) (*conv)->destroy();
+  to_mkldnn->destroy();
+}
+
+}  // namespace
+
+int convolve_channels_last_densely(std::shared_ptr<torch::jit::Graph>& graph) {
+  const c10::Symbol to_mkldnn = c10::Symbol::fromQualString("aten::to_mkldnn");
+  std::vector<std::pair<torch::jit::Node*, ConvolutionChain>> chains;
+  for (torch::jit::Node* node : graph->nodes()) {
+    if (node->kind() != to_mkldnn || !no_dtype(node) || written_in_place(node->input(0))) continue;
+    auto chain = convolution_chain(node);
+    if (chain && std::any_of(chain->conversions.begin(), chain->conversions.end(),
+                             [](const torch::jit::Node* c) { return permuted_to_channels_last(c->output()); })) {
+      chains.emplace_back(node, std::move(*chain));
+    }
+  }
+  int rewritten = 0;
+  for (const auto& [conversion, chain] : chains) {
+    convolve_densely(*graph, conversion, chain);
+    rewritten += static_cast<int>(chain.convolutions.size());
+  }
+  torch::jit::EliminateDeadCode(graph);
   return rewritten;
 }
 

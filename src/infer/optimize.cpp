@@ -291,7 +291,9 @@ Module prepare_for_inference(const Module& optimized) {
   average_pools_as_aten(*frozen_graph);
   Module prepared = torch::jit::optimize_for_inference(frozen);
   auto graph = prepared.get_method("forward").graph();
+  convolve_channels_last_densely(graph);
   route_matmuls_to_onednn(graph);
+  add_scaled_linears_to_residuals(graph);
   route_attention_fast_paths_to_ours(graph);
   fuse_composed_attention(graph);
   convolve_3x3_by_winograd(graph);

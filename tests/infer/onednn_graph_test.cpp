@@ -3,7 +3,9 @@
 // from adaptive_avg_pool2d(x, 1) through two 1x1 convolutions, relu and hardsigmoid, times x)
 // multiplies on oneDNN's layout and reads sizes without a conversion; silu between convolutions
 // runs on oneDNN's layout; a DenseNet layer's first BatchNorm and ReLU go into oneDNN's layout in
-// one pass, and a DenseNet block's concatenations into one growing buffer (infer/channel_concat.h).
+// one pass, and a DenseNet block's concatenations into one growing buffer (infer/channel_concat.h);
+// ConvNeXt's convolutions between its permutes run on dense channels-last tensors, its blocks'
+// layer scale and residual sum in their last Linear layer.
 // The prepared models answer as LibTorch's ops, at batch 1, 2 and 7, NaN and infinities included.
 #include "afterburner/infer/onednn_graph.h"
 
@@ -275,6 +277,79 @@ TEST(OnednnGraph, Bf16DenseNetBlocksKeepTorchCat) {
   jit::Module prepared = infer::prepare_for_inference(optimized);
   EXPECT_EQ(nodes_of_kind(prepared, "afterburner::concat_reserve"), 0);
   EXPECT_EQ(nodes_of_kind(prepared, "aten::cat"), 4);
+}
+
+// ConvNeXt's stage as torchvision writes it: LayerNorm over the channels between permutes (its
+// LayerNorm2d), a strided convolution down to 16 channels, then a block: depthwise 7x7
+// convolution, permute to channels-last, LayerNorm, Linear, GELU, Linear, permute back, layer scale,
+// residual sum. `tail` ends the block from `h` (the second Linear's output, channels-last) and `y`
+// (the block's input).
+jit::Module convnext_stage(const std::string& tail) {
+  torch::manual_seed(0);
+  jit::Module module("__torch__.ConvNeXtStage");
+  module.register_parameter("ln0_weight", torch::rand({3}) + 0.5, false);
+  module.register_parameter("ln0_bias", torch::randn({3}) * 0.1, false);
+  module.register_parameter("down", torch::randn({16, 3, 2, 2}) * 0.3, false);
+  module.register_parameter("down_bias", torch::randn({16}) * 0.1, false);
+  module.register_parameter("dw", torch::randn({16, 1, 7, 7}) * 0.2, false);
+  module.register_parameter("dw_bias", torch::randn({16}) * 0.1, false);
+  module.register_parameter("ln_weight", torch::rand({16}) + 0.5, false);
+  module.register_parameter("ln_bias", torch::randn({16}) * 0.1, false);
+  module.register_parameter("fc1", torch::randn({64, 16}) * 0.3, false);
+  module.register_parameter("fc1_bias", torch::randn({64}) * 0.1, false);
+  module.register_parameter("fc2", torch::randn({16, 64}) * 0.2, false);
+  module.register_parameter("fc2_bias", torch::randn({16}) * 0.1, false);
+  module.register_parameter("gamma", torch::rand({16, 1, 1}) + 0.5, false);
+  module.define(
+      "def forward(self, x):\n"
+      "    x = torch.layer_norm(x.permute(0, 2, 3, 1), [3], self.ln0_weight, self.ln0_bias, 1e-6).permute(0, 3, 1, 2)\n"
+      "    y = torch.conv2d(x, self.down, self.down_bias, [2, 2], [0, 0], [1, 1], 1)\n"
+      "    h = torch.conv2d(y, self.dw, self.dw_bias, [1, 1], [3, 3], [1, 1], 16).permute(0, 2, 3, 1)\n"
+      "    h = torch.layer_norm(h, [16], self.ln_weight, self.ln_bias, 1e-6)\n"
+      "    h = torch.linear(torch.gelu(torch.linear(h, self.fc1, self.fc1_bias)), self.fc2, self.fc2_bias)\n" +
+      tail);
+  module.eval();
+  return module;
+}
+
+// The two convolutions run as LibTorch's dense aten::conv2d, no conversion to oneDNN's layout and
+// back left, and the block's layer scale and residual sum go into its second Linear layer
+// (afterburner::linear_add_permuted), in either operand order; the answers LibTorch's, NaN and
+// infinities included. A residual laid out in NCHW (y.contiguous()) takes the op's other path.
+TEST(OnednnGraph, ConvNeXtConvolutionsRunDenselyBetweenItsPermutes) {
+  for (const char* tail : {"    return y + self.gamma * h.permute(0, 3, 1, 2)\n",
+                           "    return h.permute(0, 3, 1, 2) * self.gamma + y\n",
+                           "    return y.contiguous() + self.gamma * h.permute(0, 3, 1, 2)\n"}) {
+    SCOPED_TRACE(tail);
+    jit::Module module = convnext_stage(tail);
+    jit::Module frozen = jit::freeze(module);
+    ASSERT_EQ(nodes_of_kind(jit::optimize_for_inference(frozen), "prim::mkldnn_convolution"), 2)
+        << "LibTorch lays them out on oneDNN";
+    jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
+    EXPECT_EQ(nodes_of_kind(prepared, "aten::conv2d"), 2);
+    EXPECT_EQ(nodes_of_kind(prepared, "prim::mkldnn_convolution"), 0);
+    EXPECT_EQ(nodes_of_kind(prepared, "aten::to_mkldnn"), 0);
+    EXPECT_EQ(nodes_of_kind(prepared, "aten::to_dense"), 0);
+    EXPECT_EQ(nodes_of_kind(prepared, "afterburner::linear_add_permuted"), 1);
+    EXPECT_EQ(nodes_of_kind(prepared, "aten::mul"), 0);
+    EXPECT_EQ(nodes_of_kind(prepared, "aten::add"), 0);
+    expect_answers_as(module, prepared);
+  }
+}
+
+// They stay on oneDNN where no reader permutes a result to channels-last, and where a result's
+// dense copy is written in place (the rewrite hands every reader the convolution's own result).
+TEST(OnednnGraph, ConvolutionsStayOnOnednnWhereNotPermutedOrWrittenInPlace) {
+  for (const char* tail : {"    return y.flatten(1)\n",
+                           "    z = y.permute(0, 2, 3, 1)\n"
+                           "    y.add_(1.0)\n"
+                           "    return y + z.permute(0, 3, 1, 2) + h.permute(0, 3, 1, 2)\n"}) {
+    SCOPED_TRACE(tail);
+    jit::Module module = convnext_stage(tail);
+    jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
+    EXPECT_EQ(nodes_of_kind(prepared, "aten::conv2d"), 0);
+    expect_answers_as(module, prepared);
+  }
 }
 
 }  // namespace

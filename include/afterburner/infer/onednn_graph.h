@@ -49,4 +49,17 @@ int read_sizes_on_onednn(std::shared_ptr<torch::jit::Graph>& graph);
 // Returns how many were.
 int batch_norm_relu_into_onednn(std::shared_ptr<torch::jit::Graph>& graph);
 
+// optimize_for_inference lays every convolution out on oneDNN, converting its input from a dense
+// tensor and its result back for dense readers. ConvNeXt's blocks compute between permutes to and
+// from channels-last (a depthwise convolution, x.permute(0, 2, 3, 1), LayerNorm and Linear layers
+// on the channels, permute(0, 3, 1, 2), the residual sum): around each depthwise convolution, which
+// itself makes one pass over the activations, the conversions made four (to_mkldnn a contiguous
+// copy then oneDNN's layout, to_dense an NCHW tensor, which the permute hands LayerNorm to copy
+// again). Where one result of a chain of convolutions (the readers of a conversion to oneDNN all
+// convolutions, of their results convolutions of the chain or conversions to dense, none written
+// in place) is permuted to channels-last, computes the chain as aten::conv2d of the dense tensors:
+// LibTorch's convolution, on oneDNN too, keeps a channels-last input's layout, so the permute of
+// its result is contiguous. Returns how many convolutions were rewritten.
+int convolve_channels_last_densely(std::shared_ptr<torch::jit::Graph>& graph);
+
 }  // namespace afterburner::infer

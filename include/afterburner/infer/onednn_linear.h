@@ -28,10 +28,24 @@ namespace afterburner::infer {
 torch::Tensor linear_on_onednn(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                                kernels::Epilogue epilogue = kernels::Epilogue::identity);
 
+// residual + (x [N, H, W, K] times weight [K, C] + bias [C]).permute(0, 3, 1, 2) (residual
+// [N, C, H, W]): a ConvNeXt block's end. Where the residual lies channels-last, one pass writes it
+// plus the bias, onto which the product accumulates (kernels::mm_into); else the product, the
+// permute and the sum one after the other.
+torch::Tensor linear_add_permuted(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                                  const torch::Tensor& residual);
+
 // Rewrites matmul(x, W) + add(., b, 1), followed or not by gelu (erf form), where W is a constant
 // fp32 or bf16 matrix and b a constant vector of W's width and dtype (with gelu: one oneDNN matmul
 // with the bias and gelu applied as its output is written, kernels::addmm_fused), and lone
 // matmul(x, W) of a constant fp32 W. Returns how many products were rewritten.
 int route_matmuls_to_onednn(std::shared_ptr<torch::jit::Graph>& graph);
+
+// After route_matmuls_to_onednn: ConvNeXt ends each block with its layer scale (a [C, 1, 1]
+// constant), residual + scale * linear(x).permute(0, 3, 1, 2), three passes over the block's
+// output after the product. Folds the scale into the linear layer's weight columns and bias (as
+// BatchNorm folds into a convolution: the same to float rounding) and rewrites the rest as
+// afterburner::linear_add_permuted. Returns how many.
+int add_scaled_linears_to_residuals(std::shared_ptr<torch::jit::Graph>& graph);
 
 }  // namespace afterburner::infer
