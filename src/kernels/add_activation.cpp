@@ -32,16 +32,6 @@ __attribute__((always_inline)) inline simd::Vec rounded_to<c10::BFloat16>(simd::
   return out;
 }
 
-// 1 / (1 + exp(-s)) from t = exp(-|s|), which cannot overflow: 1 / (1 + t) for s >= 0 and
-// t / (1 + t) below (numerator and denominator times exp(s)). NaN stays NaN; -inf gives 0.
-__attribute__((always_inline)) inline simd::Vec sigmoid_of(simd::Vec s, simd::Vec t) {
-  return (s < 0.0f ? t : simd::Vec{} + 1.0f) / (1.0f + t);
-}
-
-__attribute__((always_inline)) inline simd::Vec exp_of_minus_magnitude(simd::Vec s) {
-  return simd::exp_nonpositive(s < 0.0f ? s : -s);
-}
-
 // y = act(s) for the rounded sum s: relu as clamp_min(s, 0) (NaN and -0 stay), silu as
 // s / (1 + exp(-s)), for s < 0 written s t / (1 + t).
 template <Activation activation>
@@ -49,8 +39,7 @@ __attribute__((always_inline)) inline simd::Vec activated(simd::Vec s) {
   if constexpr (activation == Activation::relu) {
     return s < 0.0f ? simd::Vec{} : s;
   } else {
-    const simd::Vec t = exp_of_minus_magnitude(s);
-    return (s < 0.0f ? s * t : s) / (1.0f + t);
+    return simd::silu(s);
   }
 }
 
@@ -61,7 +50,7 @@ __attribute__((always_inline)) inline simd::Vec activation_gradient(simd::Vec dy
   if constexpr (activation == Activation::relu) {
     return saved <= 0.0f ? simd::Vec{} : dy;
   } else {
-    const simd::Vec sig = sigmoid_of(saved, exp_of_minus_magnitude(saved));
+    const simd::Vec sig = simd::sigmoid_of(saved, simd::exp_of_minus_magnitude(saved));
     return dy * sig * (1.0f + saved * (1.0f - sig));
   }
 }

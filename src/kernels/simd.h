@@ -118,6 +118,20 @@ __attribute__((always_inline)) inline V exp_nonpositive(V v) {
   return v >= -87.3f ? p * two_to_n : (v != v ? v : V{});
 }
 
+// exp(-|s|), which cannot overflow.
+__attribute__((always_inline)) inline Vec exp_of_minus_magnitude(Vec s) { return exp_nonpositive(s < 0.0f ? s : -s); }
+
+// 1 / (1 + exp(-s)) from t = exp(-|s|): 1 / (1 + t) for s >= 0 and t / (1 + t) below (numerator
+// and denominator times exp(s)). NaN stays NaN; -inf gives 0.
+__attribute__((always_inline)) inline Vec sigmoid_of(Vec s, Vec t) { return (s < 0.0f ? t : Vec{} + 1.0f) / (1.0f + t); }
+
+// silu(s) = s / (1 + exp(-s)), for s < 0 written s t / (1 + t) (t = exp(-|s|)): NaN stays NaN,
+// -inf gives NaN and +inf +inf, as ATen's.
+__attribute__((always_inline)) inline Vec silu(Vec s) {
+  const Vec t = exp_of_minus_magnitude(s);
+  return (s < 0.0f ? s * t : s) / (1.0f + t);
+}
+
 // log(x) on every lane of a GCC vector of floats V, for x > 0 (0 gives -inf; +inf and NaN stay):
 // x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(x) = e ln2 + 2 atanh(t), t = (m - 1) / (m + 1),
 // |t| <= 0.172, by its series to t^9 (truncation below 1e-9 relative). Normal x only: subnormal

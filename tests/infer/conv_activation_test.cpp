@@ -152,18 +152,52 @@ TEST(ConvActivation, LargeInputsWithoutABoundStayUnfused) {
   EXPECT_TRUE(BitwiseEqual(answer(prepared, x), answer(theirs, x)));
 }
 
-// Pointwise expansion, depthwise, projection: EfficientNet's block without its squeeze-excitation.
+// A pointwise convolution, then a 3x3 depthwise one and its activation, as MobileNets' and
+// EfficientNets' blocks: the depthwise one reads the first one's channel-blocked output and runs
+// our kernel at stride 1 (kernels/depthwise_conv.h; oneDNN's at stride 2), which answers as
+// LibTorch's ops for any input, NaN and infinities included; a second call bit for bit.
+TEST(ConvActivation, DepthwiseAfterAConvolutionAnswersAsLibTorch) {
+  for (const int64_t stride : {1, 2}) {
+    for (const std::string& activation : kActivations) {
+      if (activation == "torch.gelu(y)") continue;  // no depthwise layer has it: oneDNN's
+      SCOPED_TRACE(fmt::format("stride {}, {}", stride, activation));
+      torch::manual_seed(6);
+      jit::Module module("__torch__.PointwiseDepthwise");
+      module.register_parameter("expand", torch::randn({48, 16, 1, 1}) * 0.35, false);
+      module.register_parameter("depthwise", torch::randn({48, 1, 3, 3}) * 0.45, false);
+      module.register_parameter("b", torch::randn({48}) * 0.1, false);
+      module.define(fmt::format("def forward(self, x):\n"
+                                "    h = torch.conv2d(x, self.expand, self.b, [1, 1], [0, 0], [1, 1], 1)\n"
+                                "    y = torch.conv2d(h, self.depthwise, self.b, [{0}, {0}], [1, 1], [1, 1], 48)\n"
+                                "    return {1}\n",
+                                stride, activation));
+      module.eval();
+      jit::Module prepared = prepare_for_inference(jit::freeze(module));
+      const torch::Tensor images = torch::cat({testing::images_with_non_finite({16, 30, 30}, 80),
+                                               torch::randn({3, 16, 30, 30})});
+      for (const int64_t batch : {1, 2, 7}) {
+        const torch::Tensor x = images.slice(0, 7 - batch);
+        const torch::Tensor first = answer(prepared, x);
+        EXPECT_TRUE(testing::AgreesWithNonFinite(first, answer(module, x), 1e-5, 1e-5)) << "batch " << batch;
+        EXPECT_TRUE(BitwiseEqual(answer(prepared, x), first)) << "second call, batch " << batch;
+      }
+    }
+  }
+}
+
+// Pointwise expansion, depthwise, projection: EfficientNet's block without its squeeze-excitation
+// (a 5x5 depthwise convolution: oneDNN's, as the 3x3 ones are ours, kernels/depthwise_conv.h).
 jit::Module expansion_block() {
   torch::manual_seed(5);
   jit::Module module("__torch__.Block");
   module.register_parameter("expand", torch::randn({96, 16, 1, 1}) * 0.35, false);
-  module.register_parameter("depthwise", torch::randn({96, 1, 3, 3}) * 0.45, false);
+  module.register_parameter("depthwise", torch::randn({96, 1, 5, 5}) * 0.27, false);
   module.register_parameter("project", torch::randn({24, 96, 1, 1}) * 0.15, false);
   module.register_parameter("b", torch::randn({96}) * 0.1, false);
   module.define(
       "def forward(self, x):\n"
       "    y = torch.silu(torch.conv2d(x, self.expand, self.b, [1, 1], [0, 0], [1, 1], 1))\n"
-      "    y = torch.silu(torch.conv2d(y, self.depthwise, self.b, [2, 2], [1, 1], [1, 1], 96))\n"
+      "    y = torch.silu(torch.conv2d(y, self.depthwise, self.b, [2, 2], [2, 2], [1, 1], 96))\n"
       "    return torch.conv2d(y, self.project, None, [1, 1], [0, 0], [1, 1], 1)\n");
   module.eval();
   return module;
