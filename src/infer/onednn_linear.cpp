@@ -192,6 +192,7 @@ c10::optional<ScaledSum> scaled_sum_of(jit::Node* linear) {
   sum.bias = *bias;
   sum.scale = scale->view({-1});
   sum.residual = sum.add->input(0) == sum.mul->output() ? 1 : 0;
+  if (!sum.add->input(sum.residual)->type()->isSubtypeOf(*c10::TensorType::get())) return c10::nullopt;  // add.Scalar
   return sum;
 }
 

@@ -337,6 +337,14 @@ TEST(OnednnGraph, ConvNeXtConvolutionsRunDenselyBetweenItsPermutes) {
   }
 }
 
+// A layer scale summed with a number, not a residual tensor, stays as the graph has it.
+TEST(OnednnGraph, LayerScalesPlusANumberStayApart) {
+  jit::Module module = convnext_stage("    return self.gamma * h.permute(0, 3, 1, 2) + 1.0\n");
+  jit::Module prepared = infer::prepare_for_inference(jit::freeze(module));
+  EXPECT_EQ(nodes_of_kind(prepared, "afterburner::linear_add_permuted"), 0);
+  expect_answers_as(module, prepared);
+}
+
 // They stay on oneDNN where no reader permutes a result to channels-last, and where a result's
 // dense copy is written in place (the rewrite hands every reader the convolution's own result).
 TEST(OnednnGraph, ConvolutionsStayOnOnednnWhereNotPermutedOrWrittenInPlace) {
